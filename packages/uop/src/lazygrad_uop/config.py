@@ -1,0 +1,81 @@
+"""Runtime configuration: environment variables that can also be overridden in code with `Context`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, ClassVar, Iterator
+
+
+def getenv(key: str, default: Any = 0) -> Any:
+    """Read environment variable `key`, converted to the type of `default` (int, float, bool or str)."""
+    raw = os.environ.get(key)
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        return raw.strip().lower() not in ("", "0", "false", "no", "off")
+    if isinstance(default, (int, float)):
+        try:
+            return type(default)(raw)
+        except ValueError:
+            raise ValueError(f"environment variable {key}={raw!r} must be a {type(default).__name__}") from None
+    return raw
+
+
+class ContextVar:
+    """A named setting read once from the environment and overridable with `Context(NAME=value)`."""
+
+    _registry: ClassVar[dict[str, ContextVar]] = {}
+
+    def __init__(self, key: str, default: Any) -> None:
+        if key in ContextVar._registry:
+            raise ValueError(f"ContextVar {key!r} is defined twice")
+        self.key, self.value = key, getenv(key, default)
+        ContextVar._registry[key] = self
+
+    @classmethod
+    def get(cls, key: str) -> ContextVar:
+        """The setting named `key`; unknown names raise KeyError listing the known ones."""
+        if key not in cls._registry:
+            raise KeyError(f"unknown setting {key!r}; known settings: {', '.join(sorted(cls._registry))}")
+        return cls._registry[key]
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, x: int) -> bool:
+        return self.value >= x
+
+    def __gt__(self, x: int) -> bool:
+        return self.value > x
+
+    def __lt__(self, x: int) -> bool:
+        return self.value < x
+
+    def __le__(self, x: int) -> bool:
+        return self.value <= x
+
+    def __repr__(self) -> str:
+        return f"ContextVar({self.key}={self.value!r})"
+
+
+@contextlib.contextmanager
+def Context(**overrides: Any) -> Iterator[None]:  # noqa: N802 - reads as a class at call sites, like tinygrad's
+    """Temporarily override settings: `with Context(DEBUG=4, BEAM=2): ...` restores the old values on exit."""
+    saved = {k: ContextVar.get(k).value for k in overrides}
+    try:
+        for k, v in overrides.items():
+            ContextVar.get(k).value = v
+        yield
+    finally:
+        for k, v in saved.items():
+            ContextVar.get(k).value = v
+
+
+DEBUG = ContextVar("DEBUG", 0)
+BEAM = ContextVar("BEAM", 0)
+NOOPT = ContextVar("NOOPT", 0)
+JIT = ContextVar("JIT", 1)
+DEV = ContextVar("DEV", "")
+CACHELEVEL = ContextVar("CACHELEVEL", 2)
+DISABLE_COMPILER_CACHE = ContextVar("DISABLE_COMPILER_CACHE", 0)

@@ -1,0 +1,147 @@
+"""`Ops`: the one operation enum shared by the three levels of the IR.
+
+1. Tensor graph (built by the frontend): BUFFER, CONST, DEVICE, movement ops, ALU ops, REDUCE_AXIS,
+   CAST, BITCAST, ASSIGN, COPY, CONTIGUOUS, DETACH, KERNEL.
+2. Kernel AST (emitted by the scheduler): SINK of STOREs; LOADs of DEFINE_GLOBALs indexed through VIEWs;
+   ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
+3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
+   DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, ALU ops.
+
+The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+
+
+class Ops(Enum):
+    """Every operation of the IR. Value order is the canonical sort order used by the symbolic engine."""
+
+    # leaves / definitions
+    SINK = auto()
+    DEFINE_GLOBAL = auto()
+    DEFINE_LOCAL = auto()
+    DEFINE_VAR = auto()
+    DEFINE_ACC = auto()
+    SPECIAL = auto()
+    RANGE = auto()
+    CONST = auto()
+    VCONST = auto()
+    DEVICE = auto()
+    BUFFER = auto()
+    BIND = auto()
+    UNIQUE = auto()
+    NOOP = auto()
+
+    # tensor graph
+    KERNEL = auto()
+    VIEW = auto()
+    RESHAPE = auto()
+    EXPAND = auto()
+    PERMUTE = auto()
+    PAD = auto()
+    SHRINK = auto()
+    FLIP = auto()
+    COPY = auto()
+    CONTIGUOUS = auto()
+    DETACH = auto()
+    ASSIGN = auto()
+    REDUCE_AXIS = auto()
+
+    # memory and control
+    INDEX = auto()
+    LOAD = auto()
+    STORE = auto()
+    BARRIER = auto()
+    IF = auto()
+    ENDIF = auto()
+    END = auto()
+
+    # vectors and tensor cores
+    VECTORIZE = auto()
+    GEP = auto()
+    WMMA = auto()
+
+    # unary
+    CAST = auto()
+    BITCAST = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    SQRT = auto()
+    RECIP = auto()
+    NEG = auto()
+    TRUNC = auto()
+
+    # binary
+    ADD = auto()
+    MUL = auto()
+    IDIV = auto()
+    MOD = auto()
+    MAX = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()
+    THREEFRY = auto()
+
+    # ternary
+    WHERE = auto()
+    MULACC = auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
+
+class GroupOp:
+    """Sets of ops that rules and passes treat alike."""
+
+    Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.NEG, Ops.TRUNC})
+    Binary = frozenset(
+        {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+        | {Ops.SHL, Ops.SHR, Ops.THREEFRY}
+    )
+    Ternary = frozenset({Ops.WHERE, Ops.MULACC})
+    ALU = Unary | Binary | Ternary
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+    Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+    Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
+    Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
+    # ops where f(x, 0) == x, so masked-out (zero) inputs leave the result unchanged
+    IdempotentZero = frozenset({Ops.ADD, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+    Defines = frozenset({Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_VAR, Ops.DEFINE_ACC})
+    Block = frozenset({Ops.RANGE, Ops.IF})
+    BlockEnd = frozenset({Ops.END, Ops.ENDIF})
+
+
+OP_DOCS: dict[Ops, str] = {
+    Ops.SINK: "src: the outputs (STOREs in a kernel AST, anything in a tensor graph); arg: KernelInfo or None",
+    Ops.BUFFER: "tensor graph: src=(UNIQUE, DEVICE); arg=size in elements; dtype=element dtype",
+    Ops.DEVICE: "arg: canonical device name, e.g. 'CPU'",
+    Ops.UNIQUE: "arg: an int that makes a BUFFER distinct from every other",
+    Ops.CONST: "arg: the Python value; in a tensor graph src=(VIEW,) gives it a shape",
+    Ops.VIEW: "arg: a ShapeTracker; src=(x,) applies it to x, or () inside a kernel AST for CONST",
+    Ops.KERNEL: "src: the BUFFERs (outputs first) the kernel touches; arg: Kernel(ast)",
+    Ops.ASSIGN: "tensor graph: src=(target BUFFER view, value); linear: src=(DEFINE_ACC, new value)",
+    Ops.REDUCE_AXIS: "src=(x,); arg=(Ops.ADD|Ops.MAX|Ops.MUL, axes tuple)",
+    Ops.COPY: "src=(DEVICE, x): x copied to the device",
+    Ops.DEFINE_GLOBAL: "dtype=PtrDType; arg=parameter slot index",
+    Ops.DEFINE_LOCAL: "dtype=PtrDType(local=True); arg=name",
+    Ops.DEFINE_VAR: "dtype=int; arg=(name, min, max)",
+    Ops.DEFINE_ACC: "src=(initial value, *RANGEs it accumulates over); arg=(accumulator number,)",
+    Ops.SPECIAL: "dtype=int; arg=(name, size): a hardware index, e.g. ('gidx0', 64) or ('lidx1', 16)",
+    Ops.RANGE: "dtype=int; src=(end,); arg=axis number: loops from 0 to end-1",
+    Ops.END: "src=(RANGE,): closes that loop",
+    Ops.IF: "src=(gate,); ENDIF src=(IF,)",
+    Ops.INDEX: "src=(DEFINE_GLOBAL|DEFINE_LOCAL, index[, valid]): the address of one element",
+    Ops.LOAD: "kernel AST: src=(DEFINE_GLOBAL, VIEW); linear: src=(INDEX[, alt, gate]) or (INDEX, barrier)",
+    Ops.STORE: "kernel AST: src=(DEFINE_GLOBAL, VIEW, value); linear: src=(INDEX, value[, gate])",
+    Ops.VECTORIZE: "src: scalars that form one vector value",
+    Ops.GEP: "src=(vector,); arg=tuple of lane numbers",
+    Ops.WMMA: "src=(A, B, C) vectors; arg=(name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes)",
+}

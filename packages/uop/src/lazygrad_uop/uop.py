@@ -1,0 +1,552 @@
+"""`UOp`: the one node type of the IR, immutable and interned."""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+import weakref
+from typing import Any, Callable, Iterator, Union
+
+from lazygrad_uop.dtype import ConstType, DType, dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+
+sint = Union[int, "UOp"]  # a size that may be symbolic
+
+
+def _arg_key(arg: Any) -> Any:
+    """A hashable key that tells apart args Python calls equal: 0.0 and -0.0, 1 and 1.0 and True, every nan."""
+    if isinstance(arg, float):
+        return ("f", struct.pack("<d", arg))
+    if isinstance(arg, (bool, int)):
+        return (type(arg), arg)
+    if isinstance(arg, tuple):
+        return ("t", tuple(_arg_key(a) for a in arg))
+    return arg
+
+
+class _UOpInterner(type):
+    """Builds each distinct (op, dtype, src, arg) once; while a node is alive, building it again returns it."""
+
+    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        key = (op, dtype, src, _arg_key(arg))
+        if (found := _UOpInterner.cache.get(key)) is not None:
+            return found
+        node = super().__call__(op, dtype, src, arg)
+        _UOpInterner.cache[key] = node
+        return node
+
+
+class UOp(metaclass=_UOpInterner):
+    """One node `(op, dtype, src, arg)`. Identical nodes are the same object: compare and hash by identity."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> None:
+        if not isinstance(op, Ops):
+            raise TypeError(f"UOp op must be an Ops member, got {op!r}")
+        if not isinstance(src, tuple) or not all(isinstance(s, UOp) for s in src):
+            raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "arg", arg)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("op", "dtype", "src", "arg"):
+            raise AttributeError(f"UOp is immutable: can't set {name}; use .replace({name}=...)")
+        object.__setattr__(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (UOp, (self.op, self.dtype, self.src, self.arg))
+
+    # *** graph structure ***
+
+    def replace(self, **kwargs: Any) -> UOp:
+        """This node with some of op, dtype, src, arg changed (the same object when nothing changes)."""
+        unknown = set(kwargs) - {"op", "dtype", "src", "arg"}
+        if unknown:
+            raise TypeError(f"UOp.replace got unknown fields {sorted(unknown)}")
+        new = (
+            kwargs.get("op", self.op),
+            kwargs.get("dtype", self.dtype),
+            kwargs.get("src", self.src),
+            kwargs.get("arg", self.arg),
+        )
+        return UOp(*new)
+
+    @functools.cached_property
+    def toposort(self) -> dict[UOp, None]:
+        """Every node of the graph under this one, each after all of its sources (an ordered set)."""
+        order: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in order:
+                continue
+            if expanded:
+                order[node] = None
+            else:
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.src) if s not in order)
+        return order
+
+    def parents(self) -> dict[UOp, list[UOp]]:
+        """For every node under this one, the nodes that use it as a source."""
+        users: dict[UOp, list[UOp]] = {u: [] for u in self.toposort}
+        for u in self.toposort:
+            for s in u.src:
+                users[s].append(u)
+        return users
+
+    def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+        """This graph with every occurrence of each key of `mapping` replaced by its value."""
+        from lazygrad_uop.pattern import graph_rewrite, substitute_matcher
+
+        return graph_rewrite(self, substitute_matcher, ctx=mapping, top_down=True, name="substitute")
+
+    def __iter__(self) -> Iterator[UOp]:
+        raise TypeError("UOp is not iterable; use .src or .toposort")
+
+    def __bool__(self) -> bool:
+        if self.op is Ops.CONST:
+            return bool(self.arg)
+        raise TypeError(f"the truth value of a symbolic {self.op} is unknown; compare its vmin/vmax instead")
+
+    def __repr__(self) -> str:
+        return pretty_print(self)
+
+    # *** constructors ***
+
+    @staticmethod
+    def const(dtype: DType, value: ConstType) -> UOp:
+        """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
+        if isinstance(value, UOp):
+            raise TypeError("UOp.const takes a Python value, got a UOp")
+        if dtype.count > 1:
+            return UOp(Ops.VECTORIZE, dtype, (UOp.const(dtype.scalar(), value),) * dtype.count)
+        return UOp(Ops.CONST, dtype, arg=dtypes.as_const(value, dtype))
+
+    def const_like(self, value: ConstType) -> UOp:
+        """A constant with this node's dtype."""
+        return UOp.const(self.dtype, value)
+
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
+        """A named integer variable bounded to [min_val, max_val]."""
+        if min_val > max_val:
+            raise ValueError(f"variable {name!r} has min {min_val} > max {max_val}")
+        return UOp(Ops.DEFINE_VAR, dtype, arg=(name, min_val, max_val))
+
+    @staticmethod
+    def range(end: int | UOp, axis: int, dtype: DType = dtypes.int32) -> UOp:
+        """A loop index running from 0 to end-1."""
+        return UOp(Ops.RANGE, dtype, (UOp.const(dtype, end) if isinstance(end, int) else end,), axis)
+
+    @staticmethod
+    def special(size: int, name: str) -> UOp:
+        """A hardware thread index, e.g. `UOp.special(64, 'gidx0')`."""
+        return UOp(Ops.SPECIAL, dtypes.int32, arg=(name, size))
+
+    def bind(self, value: int) -> UOp:
+        """This variable bound to a value: behaves as the variable, carries the value to run time."""
+        if self.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"only variables can be bound, not {self.op}")
+        name, lo, hi = self.arg
+        if not lo <= value <= hi:
+            raise ValueError(f"can't bind {name}={value}: outside its bounds [{lo}, {hi}]")
+        return UOp(Ops.BIND, self.dtype, (self, self.const_like(value)))
+
+    def unbind(self) -> tuple[UOp, int]:
+        """The variable of a BIND and its value."""
+        if self.op is not Ops.BIND:
+            raise TypeError(f"unbind needs a BIND, got {self.op}")
+        return self.src[0], self.src[1].arg
+
+    @property
+    def expr(self) -> str:
+        """The name of a variable."""
+        if self.op is not Ops.DEFINE_VAR:
+            raise TypeError(f"only variables have names, not {self.op}")
+        return self.arg[0]
+
+    # *** arithmetic: builds graphs, simplifies nothing (see symbolic.py) ***
+
+    def alu(self, op: Ops, *src: UOp) -> UOp:
+        """Apply ALU op `op` to this node and `src`; comparisons give bool."""
+        operands = (self, *src)
+        out = dtypes.bool.vec(self.dtype.count) if op in GroupOp.Comparison else operands[-1 if op is Ops.WHERE else 0].dtype
+        return UOp(op, out, operands)
+
+    def ufix(self, x: Any) -> UOp:
+        """`x` as a UOp of this node's dtype (Python scalars become constants)."""
+        return x if isinstance(x, UOp) else self.const_like(x)
+
+    def cast(self, dtype: DType) -> UOp:
+        """This value converted to `dtype` (no-op when already of it)."""
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        """This value's bits reinterpreted as `dtype`."""
+        return UOp(Ops.BITCAST, dtype, (self,))
+
+    def __add__(self, x: Any) -> UOp:
+        return self.alu(Ops.ADD, self.ufix(x))
+
+    def __radd__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.ADD, self)
+
+    def __sub__(self, x: Any) -> UOp:
+        return self.alu(Ops.ADD, -self.ufix(x))
+
+    def __rsub__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.ADD, -self)
+
+    def __mul__(self, x: Any) -> UOp:
+        return self.alu(Ops.MUL, self.ufix(x))
+
+    def __rmul__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.MUL, self)
+
+    def __neg__(self) -> UOp:
+        if dtypes.is_bool(self.dtype):
+            raise TypeError("can't negate a bool; use logical_not()")
+        return self.alu(Ops.MUL, self.const_like(-1))
+
+    def __floordiv__(self, x: Any) -> UOp:
+        return self.alu(Ops.IDIV, self.ufix(x))
+
+    def __rfloordiv__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.IDIV, self)
+
+    def __mod__(self, x: Any) -> UOp:
+        return self.alu(Ops.MOD, self.ufix(x))
+
+    def __rmod__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.MOD, self)
+
+    def __truediv__(self, x: Any) -> UOp:
+        if not dtypes.is_float(self.dtype):
+            raise TypeError(f"true division needs a float dtype, got {self.dtype}; use // for integers")
+        return self.alu(Ops.MUL, self.ufix(x).alu(Ops.RECIP))
+
+    def __lt__(self, x: Any) -> UOp:
+        return self.alu(Ops.CMPLT, self.ufix(x))
+
+    def __gt__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.CMPLT, self)
+
+    def __le__(self, x: Any) -> UOp:
+        return (self > x).logical_not()
+
+    def __ge__(self, x: Any) -> UOp:
+        return (self < x).logical_not()
+
+    def ne(self, x: Any) -> UOp:
+        """Elementwise `!=` (Python's `!=` stays identity so UOps can be dict keys)."""
+        return self.alu(Ops.CMPNE, self.ufix(x))
+
+    def eq(self, x: Any) -> UOp:
+        """Elementwise `==`."""
+        return self.ne(x).logical_not()
+
+    def logical_not(self) -> UOp:
+        """Boolean negation."""
+        return self.ne(True)
+
+    def __and__(self, x: Any) -> UOp:
+        return self.alu(Ops.AND, self.ufix(x))
+
+    def __rand__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.AND, self)
+
+    def __or__(self, x: Any) -> UOp:
+        return self.alu(Ops.OR, self.ufix(x))
+
+    def __ror__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.OR, self)
+
+    def __xor__(self, x: Any) -> UOp:
+        return self.alu(Ops.XOR, self.ufix(x))
+
+    def __rxor__(self, x: Any) -> UOp:
+        return self.ufix(x).alu(Ops.XOR, self)
+
+    def __lshift__(self, x: Any) -> UOp:
+        return self.alu(Ops.SHL, self.ufix(x))
+
+    def __rshift__(self, x: Any) -> UOp:
+        return self.alu(Ops.SHR, self.ufix(x))
+
+    def maximum(self, x: Any) -> UOp:
+        """Elementwise max."""
+        return self.alu(Ops.MAX, self.ufix(x))
+
+    def minimum(self, x: Any) -> UOp:
+        """Elementwise min, as -max(-a, -b)."""
+        return -((-self).maximum(-self.ufix(x)))
+
+    def where(self, x: Any, y: Any) -> UOp:
+        """`x` where this bool is true, else `y`."""
+        if isinstance(x, UOp):
+            return self.alu(Ops.WHERE, x, x.ufix(y))
+        if isinstance(y, UOp):
+            return self.alu(Ops.WHERE, y.ufix(x), y)
+        raise TypeError("where needs at least one UOp branch to give the result a dtype")
+
+    # *** bounds ***
+
+    @functools.cached_property
+    def _min_max(self) -> tuple[ConstType, ConstType]:
+        return _bounds(self)
+
+    @property
+    def vmin(self) -> ConstType:
+        """A lower bound of every value this node can take."""
+        return self._min_max[0]
+
+    @property
+    def vmax(self) -> ConstType:
+        """An upper bound of every value this node can take."""
+        return self._min_max[1]
+
+    # *** simplification hooks (implemented in symbolic.py) ***
+
+    def simplify(self) -> UOp:
+        """The graph rewritten by the symbolic engine."""
+        from lazygrad_uop.symbolic import simplify
+
+        return simplify(self)
+
+    def ssimplify(self) -> int | UOp:
+        """The simplified value as a Python int when it folds to a constant, else the simplified UOp."""
+        s = self.simplify()
+        return s.arg if s.op is Ops.CONST else s
+
+    def render(self) -> str:
+        """A compact infix rendering of an expression, for messages and debugging."""
+        return render_expr(self)
+
+
+# *** bounds ***
+
+
+def _corners(op: Callable[[Any, Any], Any], a: UOp, b: UOp) -> tuple[Any, Any]:
+    vals = [op(x, y) for x in (a.vmin, a.vmax) for y in (b.vmin, b.vmax)]
+    return min(vals), max(vals)
+
+
+def _cdiv(a: int, b: int) -> int:
+    """C's integer division: truncates toward zero."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _cmod(a: int, b: int) -> int:
+    """C's remainder: takes the sign of the dividend."""
+    return a - b * _cdiv(a, b)
+
+
+def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
+    dt = u.dtype.scalar()
+    full = (dtypes.min(dt), dtypes.max(dt))
+    if u.op is Ops.CONST:
+        return u.arg, u.arg
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg[1], u.arg[2]
+    if u.op is Ops.BIND:
+        return u.src[0].vmin, u.src[0].vmax
+    if u.op is Ops.RANGE:
+        return 0, max(0, u.src[0].vmax - 1)
+    if u.op is Ops.SPECIAL:
+        return 0, u.arg[1] - 1 if isinstance(u.arg[1], int) else u.arg[1].vmax - 1
+    if u.op is Ops.VECTORIZE and u.src:
+        return min(s.vmin for s in u.src), max(s.vmax for s in u.src)
+    if len(u.src) == 0 or not all(isinstance(s.vmin, (int, bool)) for s in u.src):
+        return full
+    s0 = u.src[0]
+    if u.op is Ops.ADD:
+        return s0.vmin + u.src[1].vmin, s0.vmax + u.src[1].vmax
+    if u.op is Ops.MUL:
+        return _corners(lambda x, y: x * y, s0, u.src[1])
+    if u.op is Ops.MAX:
+        return max(s0.vmin, u.src[1].vmin), max(s0.vmax, u.src[1].vmax)
+    if u.op is Ops.NEG:
+        return -s0.vmax, -s0.vmin
+    if u.op is Ops.MOD:
+        d = u.src[1]
+        if d.vmin > 0:
+            m = d.vmax - 1
+            lo = 0 if s0.vmin >= 0 else max(-m, s0.vmin)
+            hi = 0 if s0.vmax <= 0 else min(m, s0.vmax)
+            return lo, hi
+        return full
+    if u.op is Ops.IDIV:
+        d = u.src[1]
+        if d.vmin > 0 or d.vmax < 0:
+            return _corners(_cdiv, s0, d)
+        return full
+    if u.op is Ops.CMPLT:
+        if s0.vmax < u.src[1].vmin:
+            return True, True
+        if s0.vmin >= u.src[1].vmax:
+            return False, False
+        return False, True
+    if u.op is Ops.CMPNE:
+        a, b = s0, u.src[1]
+        if a.vmax < b.vmin or a.vmin > b.vmax:
+            return True, True
+        if a.vmin == a.vmax == b.vmin == b.vmax:
+            return False, False
+        return False, True
+    if u.op is Ops.WHERE:
+        c, x, y = u.src
+        if c.vmin == c.vmax:
+            return (x.vmin, x.vmax) if c.vmin else (y.vmin, y.vmax)
+        return min(x.vmin, y.vmin), max(x.vmax, y.vmax)
+    if u.op is Ops.AND and dtypes.is_bool(dt):
+        return s0.vmin and u.src[1].vmin, s0.vmax and u.src[1].vmax
+    if u.op is Ops.OR and dtypes.is_bool(dt):
+        return s0.vmin or u.src[1].vmin, s0.vmax or u.src[1].vmax
+    if u.op is Ops.AND and s0.vmin >= 0 and u.src[1].vmin >= 0:
+        return 0, min(s0.vmax, u.src[1].vmax)
+    if u.op is Ops.SHL and u.src[1].op is Ops.CONST and s0.vmin >= 0:
+        return s0.vmin << u.src[1].arg, s0.vmax << u.src[1].arg
+    if u.op is Ops.SHR and u.src[1].op is Ops.CONST and s0.vmin >= 0:
+        return s0.vmin >> u.src[1].arg, s0.vmax >> u.src[1].arg
+    if u.op is Ops.CAST and (dtypes.is_int(dt) or dtypes.is_bool(dt)):
+        lo, hi = max(s0.vmin, full[0]), min(s0.vmax, full[1])
+        return (lo, hi) if lo <= hi else full
+    return full
+
+
+# *** evaluation: the meaning of an integer expression, in Python ints ***
+
+
+def eval_uop(u: UOp, env: dict[UOp, int] | None = None) -> ConstType:
+    """The value of a scalar expression with the variables of `env` substituted, with C semantics for // and %."""
+    env = env or {}
+    vals: dict[UOp, Any] = {}
+    for n in u.toposort:
+        if n in env:
+            vals[n] = env[n]
+            continue
+        s = [vals[x] for x in n.src]
+        if n.op is Ops.CONST:
+            vals[n] = n.arg
+        elif n.op in (Ops.DEFINE_VAR, Ops.RANGE, Ops.SPECIAL):
+            raise KeyError(f"no value given for {n.render()}")
+        elif n.op is Ops.BIND:
+            vals[n] = s[1]
+        elif n.op in _EVAL:
+            v = _EVAL[n.op](*s)
+            vals[n] = dtypes.as_const(v, n.dtype) if n.dtype.count == 1 and n.dtype != dtypes.void else v
+        else:
+            raise NotImplementedError(f"eval_uop has no meaning for {n.op}")
+    return vals[u]
+
+
+def _trunc(x: float) -> float:
+    return float(math.trunc(x)) if math.isfinite(x) else x
+
+
+_EVAL: dict[Ops, Callable[..., Any]] = {
+    Ops.ADD: lambda a, b: a + b,
+    Ops.MUL: lambda a, b: a * b,
+    Ops.NEG: lambda a: -a,
+    Ops.IDIV: _cdiv,
+    Ops.MOD: _cmod,
+    Ops.MAX: max,
+    Ops.CMPLT: lambda a, b: a < b,
+    Ops.CMPNE: lambda a, b: a != b,
+    Ops.AND: lambda a, b: a & b,
+    Ops.OR: lambda a, b: a | b,
+    Ops.XOR: lambda a, b: a ^ b,
+    Ops.SHL: lambda a, b: a << b,
+    Ops.SHR: lambda a, b: a >> b,
+    Ops.WHERE: lambda c, x, y: x if c else y,
+    Ops.CAST: lambda a: a,
+    Ops.RECIP: lambda a: 1 / a if a != 0 else math.copysign(math.inf, a),
+    Ops.SQRT: lambda a: math.sqrt(a) if a >= 0 else math.nan,
+    Ops.TRUNC: _trunc,
+    Ops.MULACC: lambda a, b, c: a * b + c,
+}
+
+
+# *** printing ***
+
+_INFIX = {
+    Ops.ADD: "+",
+    Ops.MUL: "*",
+    Ops.IDIV: "//",
+    Ops.MOD: "%",
+    Ops.CMPLT: "<",
+    Ops.CMPNE: "!=",
+    Ops.AND: "&",
+    Ops.OR: "|",
+    Ops.XOR: "^",
+    Ops.SHL: "<<",
+    Ops.SHR: ">>",
+}
+
+
+def render_expr(u: UOp) -> str:
+    """Infix text of an expression: variables by name, ranges as ridx<axis>, other nodes by op."""
+    out: dict[UOp, str] = {}
+    for n in u.toposort:
+        s = [out[x] for x in n.src]
+        if n.op is Ops.CONST:
+            out[n] = repr(n.arg)
+        elif n.op is Ops.DEFINE_VAR:
+            out[n] = n.arg[0]
+        elif n.op is Ops.BIND:
+            out[n] = f"{s[0]}={s[1]}"
+        elif n.op is Ops.RANGE:
+            out[n] = f"ridx{n.arg}"
+        elif n.op is Ops.SPECIAL:
+            out[n] = n.arg[0]
+        elif n.op in _INFIX:
+            out[n] = f"({s[0]}{_INFIX[n.op]}{s[1]})"
+        elif n.op is Ops.MAX:
+            out[n] = f"max({s[0]}, {s[1]})"
+        elif n.op is Ops.WHERE:
+            out[n] = f"({s[1]} if {s[0]} else {s[2]})"
+        else:
+            out[n] = f"{n.op.name.lower()}({', '.join(s)})"
+    return out[u]
+
+
+def pretty_print(root: UOp) -> str:
+    """The graph as nested `UOp(...)` text; a node used more than once is named `xN:=` once and then by name."""
+    uses: dict[UOp, int] = {}
+    for n in root.toposort:
+        for s in n.src:
+            uses[s] = uses.get(s, 0) + 1
+    names: dict[UOp, str] = {}
+    lines: list[str] = []
+    # iterative depth-first print so deep graphs don't hit the recursion limit
+    stack: list[tuple[UOp | None, int, str]] = [(root, 0, "")]
+    while stack:
+        node, depth, suffix = stack.pop()
+        pad = "  " * depth
+        if node is None:
+            lines[-1] += suffix
+            continue
+        if node in names:
+            lines.append(f"{pad}{names[node]}{suffix}")
+            continue
+        prefix = ""
+        if uses.get(node, 0) > 1:
+            names[node] = f"x{len(names)}"
+            prefix = f"{names[node]}:="
+        head = f"{pad}{prefix}UOp({node.op}, {node.dtype!r}, arg={node.arg!r}"
+        if not node.src:
+            lines.append(f"{head}, src=()){suffix}")
+            continue
+        lines.append(f"{head}, src=(")
+        stack.append((None, depth, f")){suffix}"))
+        for s in reversed(node.src):
+            stack.append((s, depth + 1, ","))
+    return "\n".join(lines)
