@@ -1,0 +1,966 @@
+"""`Tensor`: a lazy n-dimensional array over a UOp graph. Operations build the graph; `realize()` schedules it into
+fused kernels, compiles and runs them."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
+from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
+from lazygrad_scheduler.schedule import ScheduleItem
+from lazygrad_uop.device import Buffer
+from lazygrad_uop.dtype import (
+    DType,
+    DTypeError,
+    dtypes,
+    from_numpy_dtype,
+    least_upper_dtype,
+    least_upper_float,
+    to_dtype,
+    to_numpy_dtype,
+)
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
+from lazygrad_uop.shape import device_of, shape_of
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker
+
+from lazygrad.engine import device_of_name, run_schedule
+
+_all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+
+
+def _apply_becomes(becomes: dict[UOp, UOp]) -> None:
+    """Rewrite every live tensor's graph with `becomes`, so tensors that share a subgraph share its result."""
+    if not becomes:
+        return
+    keys = becomes.keys()
+    for t in list(_all_tensors):
+        if not keys.isdisjoint(t.uop.toposort):
+            t.uop = t.uop.substitute(becomes)
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
+    return axis % max(ndim, 1)
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+class Tensor:
+    """A lazy tensor. Build with `Tensor([[1, 2], [3, 4]])`, `Tensor(np_array)`, `Tensor.zeros(3, 4)`, ...;
+    read with `.numpy()`, `.item()`, `.tolist()`."""
+
+    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+
+    def __init__(
+        self,
+        data: Any,
+        device: str | None = None,
+        dtype: DType | str | None = None,
+        requires_grad: bool | None = None,
+    ) -> None:
+        dtype = to_dtype(dtype) if dtype is not None else None
+        dev = device_of_name(device)
+        if isinstance(data, UOp):
+            uop = data
+        elif isinstance(data, Tensor):
+            uop = data.uop if dtype is None else data.cast(dtype).uop
+        elif isinstance(data, (bool, int, float)):
+            dt = dtype or dtypes.from_py(data)
+            uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data, dt))
+        elif isinstance(data, (list, tuple)):
+            dt = dtype or dtypes.from_py(data)
+            uop = _from_numpy(np.array(data, dtype=_np_storage(dt)), dev, dt)
+        elif isinstance(data, np.ndarray):
+            dt = dtype or from_numpy_dtype(data.dtype)
+            uop = _from_numpy(data.astype(_np_storage(dt), copy=False), dev, dt)
+        elif isinstance(data, np.generic):
+            dt = dtype or from_numpy_dtype(data.dtype)
+            uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data.item(), dt))
+        else:
+            raise TypeError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
+        self.uop: UOp = uop
+        self.requires_grad = requires_grad
+        self.grad: Tensor | None = None
+        shape_of(uop)  # shape errors surface where the tensor is built, not at realize time
+        _all_tensors.add(self)
+
+    # *** properties ***
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The size of each dimension."""
+        return shape_of(self.uop)
+
+    @property
+    def dtype(self) -> DType:
+        """The element type."""
+        return self.uop.dtype
+
+    @property
+    def device(self) -> str:
+        """The device the tensor lives on."""
+        dev = device_of(self.uop)
+        assert dev is not None
+        return dev
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        """The shape, or the size of dimension `dim`."""
+        return self.shape if dim is None else self.shape[_normalize_axis(dim, self.ndim)]
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all elements."""
+        return self.numel() * self.element_size()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.shape} {self.dtype!r} on {self.device}>"
+
+    # *** creation ***
+
+    @staticmethod
+    def full(shape: Sequence[int] | int, fill_value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor of `shape` filled with `fill_value` (no memory until realized: a broadcast constant)."""
+        shape = _shape_arg(shape)
+        c = Tensor(fill_value, device=device, dtype=dtype)
+        return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+
+    @staticmethod
+    def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor of zeros."""
+        return Tensor.full(_shape_arg(shape), 0.0, dtype=dtype or dtypes.default_float, device=device)
+
+    @staticmethod
+    def ones(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor of ones."""
+        return Tensor.full(_shape_arg(shape), 1.0, dtype=dtype or dtypes.default_float, device=device)
+
+    @staticmethod
+    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor with memory but no defined contents."""
+        shape = _shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        buf = new_buffer(device_of_name(device), math.prod(shape), dt)
+        return Tensor(UOp(Ops.VIEW, dt, (buf,), ShapeTracker.from_shape(shape)))
+
+    @staticmethod
+    def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """Evenly spaced values in [start, stop), as torch.arange."""
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange step must not be zero")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+        n = max(0, math.ceil((stop - start) / step))
+        # start + i*step computed on the host as torch does, then uploaded: small and exact
+        vals = start + np.arange(n, dtype=np.float64 if dtypes.is_float(dt) else np.int64) * step
+        return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """The identity matrix (n x m)."""
+        m = n if m is None else m
+        if n < 0 or m < 0:
+            raise ValueError(f"eye needs non-negative sizes, got {n} x {m}")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        k = min(n, m)
+        if k == 0:
+            return Tensor.zeros(n, m, dtype=dt, device=device)
+        diag = Tensor.full((k, 1), 1, dtype=dt, device=device).pad(((0, 0), (0, k))).flatten()
+        sq = diag.shrink(((0, k * k),)).reshape(k, k)
+        return sq.pad(((0, n - k), (0, m - k)))
+
+    _seed: int = 0
+
+    @staticmethod
+    def manual_seed(seed: int = 0) -> None:
+        """Seed `rand` so that later calls are reproducible."""
+        Tensor._seed = seed
+        Tensor._rng = np.random.default_rng(seed)
+
+    _rng: np.random.Generator = np.random.default_rng(0)
+
+    @staticmethod
+    def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """Uniform random values in [0, 1)."""
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if not dtypes.is_float(dt):
+            raise DTypeError(f"rand makes floats; got dtype {dt!r}")
+        vals = Tensor._rng.random(_shape_arg(shape), dtype=np.float32)
+        return Tensor(vals, device=device).cast(dt)
+
+    @staticmethod
+    def randn(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """Standard normal random values."""
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        vals = Tensor._rng.standard_normal(_shape_arg(shape), dtype=np.float32)
+        return Tensor(vals, device=device).cast(dt)
+
+    def full_like(self, fill_value: Any, dtype: DType | str | None = None) -> Tensor:
+        """A tensor of this shape and device filled with `fill_value`."""
+        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=self.device)
+
+    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
+        """Zeros of this shape."""
+        return self.full_like(0, dtype)
+
+    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
+        """Ones of this shape."""
+        return self.full_like(1, dtype)
+
+    # *** realization ***
+
+    def kernelize(self, *others: Tensor) -> Tensor:
+        """Cut the graphs of this tensor and `others` into kernels: each becomes ASSIGN(buffer, KERNEL)."""
+        _apply_becomes(kernelize([t.uop for t in (self, *others)]))
+        return self
+
+    def schedule(self, *others: Tensor) -> list[ScheduleItem]:
+        """The kernels that realize this tensor and `others`, in order (kernelizes them; runs nothing)."""
+        self.kernelize(*others)
+        items, _ = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in (self, *others))))
+        return items
+
+    def realize(self, *others: Tensor) -> Tensor:
+        """Compute this tensor (and `others`, in the same schedule so they can share kernels)."""
+        Tensor._realize_all([self, *others])
+        return self
+
+    @staticmethod
+    def _realize_all(tensors: Iterable[Tensor]) -> None:
+        tensors = list(tensors)
+        _apply_becomes(kernelize([t.uop for t in tensors]))
+        items, done = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in tensors)))
+        run_schedule(items)
+        _apply_becomes({a: a.src[0] for a in done})
+
+    def contiguous(self) -> Tensor:
+        """This tensor stored densely in its own buffer when realized."""
+        return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+    def detach(self) -> Tensor:
+        """The same values, cut from the autograd graph."""
+        return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+    def to(self, device: str) -> Tensor:
+        """This tensor on `device` (copied when realized)."""
+        dev = Device.canonicalize(device)
+        if dev == self.device:
+            return self
+        return Tensor(UOp(Ops.COPY, self.dtype, (UOp(Ops.DEVICE, arg=dev), self.uop)))
+
+    def _buffer_view(self) -> tuple[Buffer, ShapeTracker]:
+        """Realize, then the buffer holding this tensor and how the tensor is laid out in it."""
+        self.realize()
+        base = view_base(self.uop)
+        chain = []
+        u = self.uop
+        while u is not base:
+            chain.append(u)
+            u = u.src[0]
+        st = apply_movement(leaf_view(base), chain[::-1])
+        return buffer_of(base_buffer(base)), st
+
+    def numpy(self) -> np.ndarray:
+        """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
+        npdt = to_numpy_dtype(self.dtype)
+        if self.numel() == 0:
+            return np.zeros(self.shape, dtype=npdt)
+        src = self if is_view_of_leaf(self.uop) else self.contiguous()
+        buf, st = src._buffer_view()
+        if not (st.contiguous and st.size == buf.size):
+            buf, st = self.contiguous()._buffer_view()
+        as_buffer = getattr(buf.allocator, "_as_buffer", None)
+        if as_buffer is not None:
+            arr = np.frombuffer(_KeepAlive(as_buffer(buf.handle), buf).view, dtype=npdt, count=buf.size)
+            arr.flags.writeable = False
+            return arr.reshape(self.shape)
+        host = np.empty(buf.size, dtype=npdt)
+        buf.copyout(memoryview(host).cast("B"))
+        return host.reshape(self.shape)
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        """The values as (nested) Python lists."""
+        return self.numpy().tolist()
+
+    # *** movement ***
+
+    def _mop(self, op: Ops, arg: Any) -> Tensor:
+        return Tensor(UOp(op, self.dtype, (self.uop,), arg))
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """The same elements in a new shape; one dimension may be -1 (inferred)."""
+        new = list(_shape_arg(shape))
+        if new.count(-1) > 1:
+            raise ValueError(f"only one dimension can be -1 in reshape, got {tuple(new)}")
+        if -1 in new:
+            rest = math.prod(d for d in new if d != -1)
+            if rest == 0 or self.numel() % rest:
+                raise ValueError(f"can't reshape {self.shape} to {tuple(new)}")
+            new[new.index(-1)] = self.numel() // rest
+        if any(d < 0 for d in new):
+            raise ValueError(f"reshape sizes must be non-negative, got {tuple(new)}")
+        if math.prod(new) != self.numel():
+            raise ValueError(f"can't reshape {self.shape} ({self.numel()} elements) to {tuple(new)}")
+        return self if tuple(new) == self.shape else self._mop(Ops.RESHAPE, tuple(new))
+
+    def view(self, *shape: Any) -> Tensor:
+        """Alias of reshape."""
+        return self.reshape(*shape)
+
+    def expand(self, *shape: Any) -> Tensor:
+        """Broadcast size-1 dimensions to `shape` (-1 keeps a dimension); new leading dimensions are added."""
+        new = _shape_arg(shape)
+        if len(new) < self.ndim:
+            raise ValueError(f"can't expand {self.shape} to fewer dimensions {new}")
+        base = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) != self.ndim else self
+        target = tuple(b if n == -1 else n for n, b in zip(new, base.shape))
+        for b, n in zip(base.shape, target):
+            if b != n and b != 1:
+                raise ValueError(f"can't expand {self.shape} to {new}: only size-1 dimensions can grow")
+        return base if target == base.shape else base._mop(Ops.EXPAND, target)
+
+    def permute(self, *order: Any) -> Tensor:
+        """Reorder the dimensions."""
+        order = tuple(_normalize_axis(a, self.ndim) for a in _shape_arg(order))
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"{order} is not a permutation of the {self.ndim} dimensions of {self.shape}")
+        return self if order == tuple(range(self.ndim)) else self._mop(Ops.PERMUTE, order)
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        """Swap two dimensions."""
+        order = list(range(self.ndim))
+        a, b = _normalize_axis(dim0, self.ndim), _normalize_axis(dim1, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - numpy's name
+        """The tensor with its dimensions reversed."""
+        return self.permute(tuple(range(self.ndim))[::-1])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Merge dimensions start_dim..end_dim into one."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
+
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        """Drop size-1 dimensions (or just `dim` if it has size 1)."""
+        if dim is None:
+            return self.reshape(tuple(d for d in self.shape if d != 1))
+        d = _normalize_axis(dim, self.ndim)
+        return self if self.ndim == 0 or self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1 :])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        """Insert a size-1 dimension at `dim`."""
+        d = _normalize_axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def pad(self, padding: Sequence[Any], value: float = 0.0) -> Tensor:
+        """Pad with `value`: one (before, after) pair per dimension, or a flat torch-style tuple from the last dim."""
+        pairs = _pad_pairs(padding, self.ndim)
+        if any(b < 0 or a < 0 for b, a in pairs):
+            # negative padding crops, as in torch
+            crop = tuple((max(0, -b), d - max(0, -a)) for (b, a), d in zip(pairs, self.shape))
+            return self.shrink(crop).pad(tuple((max(0, b), max(0, a)) for b, a in pairs), value)
+        if all(b == 0 and a == 0 for b, a in pairs):
+            return self
+        out = self._mop(Ops.PAD, pairs)
+        if value == 0:
+            return out
+        inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._mop(Ops.PAD, pairs)
+        return inside.where(out, value)
+
+    def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
+        """Keep [start, end) of each dimension (None keeps all of it)."""
+        if len(arg) != self.ndim:
+            raise ValueError(f"shrink needs one (start, end) per dimension of {self.shape}, got {arg}")
+        pairs = tuple((0, d) if a is None else (int(a[0]), int(a[1])) for a, d in zip(arg, self.shape))
+        for (b, e), d in zip(pairs, self.shape):
+            if not 0 <= b <= e <= d:
+                raise ValueError(f"shrink {pairs} is out of range for shape {self.shape}")
+        return self if all(p == (0, d) for p, d in zip(pairs, self.shape)) else self._mop(Ops.SHRINK, pairs)
+
+    def flip(self, *axis: Any) -> Tensor:
+        """Reverse the order of elements along `axis`."""
+        axes = {_normalize_axis(a, self.ndim) for a in _shape_arg(axis)}
+        return self._mop(Ops.FLIP, tuple(i in axes for i in range(self.ndim))) if axes else self
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Basic indexing: ints, slices (any step), None and Ellipsis."""
+        idx = index if isinstance(index, tuple) else (index,)
+        for i in idx:
+            if not (i is None or i is Ellipsis or isinstance(i, (int, slice)) or isinstance(i, np.integer)):
+                raise TypeError(f"index {i!r} is not supported yet: use ints, slices, None and ...")
+        if sum(i is Ellipsis for i in idx) > 1:
+            raise IndexError("an index can only have a single ellipsis")
+        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions")
+        if Ellipsis in idx:
+            e = idx.index(Ellipsis)
+            idx = idx[:e] + (slice(None),) * (self.ndim - n_real) + idx[e + 1 :]
+        else:
+            idx = idx + (slice(None),) * (self.ndim - n_real)
+        t, dim, out_shape = self, 0, []
+        for i in idx:
+            if i is None:
+                out_shape.append(1)
+                continue
+            size = self.shape[dim]
+            if isinstance(i, slice):
+                start, stop, step = i.indices(size)
+                t = t._slice_dim(dim, start, stop, step)
+                out_shape.append(t.shape[dim])
+            else:
+                j = int(i)
+                if not -size <= j < size:
+                    raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
+                t = t._slice_dim(dim, j % size, j % size + 1, 1)
+            dim += 1
+        return t.reshape(tuple(out_shape))
+
+    def _slice_dim(self, dim: int, start: int, stop: int, step: int) -> Tensor:
+        size = self.shape[dim]
+        if step < 0:
+            # reverse, then take the mirrored range with a positive step
+            flipped = self.flip(dim)
+            return flipped._slice_dim(dim, size - 1 - start, size - 1 - stop, -step)
+        n = max(0, math.ceil((stop - start) / step))
+        box = [(0, d) for d in self.shape]
+        box[dim] = (start, start + n * step if n else start)
+        t = self.shrink(box)
+        if step == 1 or n == 0:
+            return t if n else t
+        # take every step-th element: pad to n*step, split into (n, step), keep column 0
+        shape = t.shape
+        t = t.reshape(shape[:dim] + (n, step) + shape[dim + 1 :])
+        box2 = [(0, d) for d in t.shape]
+        box2[dim + 1] = (0, 1)
+        return t.shrink(box2).reshape(shape[:dim] + (n,) + shape[dim + 1 :])
+
+    # *** elementwise ***
+
+    def _const_like(self, x: Any, dtype: DType | None = None) -> Tensor:
+        return Tensor(x, device=self.device, dtype=dtype or self.dtype)
+
+    def _broadcasted(self, y: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
+        x: Tensor = self
+        if not isinstance(y, Tensor):
+            if isinstance(y, np.ndarray):
+                y = Tensor(y, device=x.device)
+            else:
+                # Python scalars take the tensor's dtype within its category, as in torch
+                if isinstance(y, float) and not dtypes.is_float(x.dtype):
+                    dt = dtypes.default_float
+                elif isinstance(y, int) and not isinstance(y, bool) and dtypes.is_bool(x.dtype):
+                    dt = dtypes.default_int
+                else:
+                    dt = x.dtype
+                y = Tensor(y, device=x.device, dtype=dt)
+        if x.device != y.device:
+            raise ValueError(f"tensors are on different devices, {x.device} and {y.device}; move one with .to()")
+        out_dt = least_upper_dtype(x.dtype, y.dtype)
+        x, y = x.cast(out_dt), y.cast(out_dt)
+        if reverse:
+            x, y = y, x
+        shape = _broadcast_shape(x.shape, y.shape)
+        return x._broadcast_to(shape), y._broadcast_to(shape)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape:
+            return self
+        return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+
+    def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
+        return Tensor(self.uop.alu(op, *(s.uop for s in srcs)))
+
+    def cast(self, dtype: DType | str) -> Tensor:
+        """The values converted to `dtype` (floats to ints truncate toward zero)."""
+        dt = to_dtype(dtype)
+        return self if dt == self.dtype else Tensor(UOp(Ops.CAST, dt, (self.uop,)))
+
+    def bitcast(self, dtype: DType | str) -> Tensor:
+        """The bits reinterpreted as `dtype` of the same size."""
+        dt = to_dtype(dtype)
+        if dt.itemsize != self.dtype.itemsize:
+            raise DTypeError(f"bitcast needs dtypes of one size: {self.dtype!r} is {self.dtype.itemsize} bytes, {dt!r} is {dt.itemsize}")
+        return Tensor(UOp(Ops.BITCAST, dt, (self.uop,)))
+
+    def float(self) -> Tensor:
+        """Cast to float32."""
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        """Cast to float16."""
+        return self.cast(dtypes.float16)
+
+    def int(self) -> Tensor:
+        """Cast to int32."""
+        return self.cast(dtypes.int32)
+
+    def bool(self) -> Tensor:
+        """Cast to bool."""
+        return self.cast(dtypes.bool)
+
+    def add(self, x: Any, reverse: bool = False) -> Tensor:
+        """Elementwise sum."""
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(Ops.ADD, b)
+
+    def sub(self, x: Any, reverse: bool = False) -> Tensor:
+        """Elementwise difference."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_bool(a.dtype):
+            raise TypeError("subtracting bool tensors is not supported; use logical_xor or cast to int first")
+        return a._alu(Ops.ADD, b.neg())
+
+    def mul(self, x: Any, reverse: bool = False) -> Tensor:
+        """Elementwise product."""
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(Ops.AND if dtypes.is_bool(a.dtype) else Ops.MUL, b)
+
+    def div(self, x: Any, reverse: bool = False) -> Tensor:
+        """True division: integer inputs give the default float."""
+        a, b = self._broadcasted(x, reverse)
+        ft = least_upper_float(a.dtype)
+        a, b = a.cast(ft), b.cast(ft)
+        return a._alu(Ops.MUL, b.reciprocal())
+
+    def idiv(self, x: Any, reverse: bool = False) -> Tensor:
+        """Division rounding toward zero (C semantics) for integers; floats are truncated."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype):
+            return a.div(b).trunc()
+        return a._alu(Ops.IDIV, b)
+
+    def floordiv(self, x: Any, reverse: bool = False) -> Tensor:
+        """Floor division, as Python's and torch's `//`."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype):
+            return a.div(b).floor()
+        q = a._alu(Ops.IDIV, b)
+        if dtypes.is_unsigned(a.dtype):
+            return q
+        r = a._alu(Ops.MOD, b)
+        adjust = r.ne(0).logical_and((r < 0).ne(b < 0))
+        return adjust.where(q - 1, q)
+
+    def mod(self, x: Any, reverse: bool = False) -> Tensor:
+        """Remainder with the sign of the divisor, as Python's and torch's `%`."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype):
+            return a - b * a.div(b).floor()
+        r = a._alu(Ops.MOD, b)
+        if dtypes.is_unsigned(a.dtype):
+            return r
+        return (r.ne(0).logical_and((r < 0).ne(b < 0))).where(r + b, r)
+
+    def neg(self) -> Tensor:
+        """Elementwise negation."""
+        if dtypes.is_bool(self.dtype):
+            raise TypeError("negating a bool tensor is not supported; use logical_not()")
+        return self._alu(Ops.MUL, self._const_like(-1)._broadcast_to(self.shape))
+
+    def reciprocal(self) -> Tensor:
+        """1/x."""
+        t = self.cast(least_upper_float(self.dtype))
+        return t._alu(Ops.RECIP)
+
+    def maximum(self, x: Any) -> Tensor:
+        """Elementwise max (NaN propagates)."""
+        a, b = self._broadcasted(x)
+        return a._alu(Ops.MAX, b)
+
+    def minimum(self, x: Any) -> Tensor:
+        """Elementwise min (NaN propagates)."""
+        a, b = self._broadcasted(x)
+        if dtypes.is_unsigned(a.dtype) or dtypes.is_bool(a.dtype):
+            return (a < b).where(a, b)
+        return a.neg().maximum(b.neg()).neg()
+
+    def where(self, x: Any, y: Any) -> Tensor:
+        """`x` where this (bool) tensor is true, else `y`, with broadcasting."""
+        cond = self if dtypes.is_bool(self.dtype) else self.ne(0)
+        if isinstance(x, Tensor):
+            x, y = x._broadcasted(y)
+        elif isinstance(y, Tensor):
+            y, x = y._broadcasted(x)
+        else:
+            x = Tensor(x, device=self.device)
+            x, y = x._broadcasted(y)
+        shape = _broadcast_shape(cond.shape, x.shape)
+        c, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+        return c._alu(Ops.WHERE, x, y)
+
+    def _cmp(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(op, b)
+
+    def __lt__(self, x: Any) -> Tensor:
+        return self._cmp(Ops.CMPLT, x)
+
+    def __gt__(self, x: Any) -> Tensor:
+        return self._cmp(Ops.CMPLT, x, reverse=True)
+
+    def __le__(self, x: Any) -> Tensor:
+        return self._cmp(Ops.CMPLT, x, reverse=True).logical_not()
+
+    def __ge__(self, x: Any) -> Tensor:
+        return self._cmp(Ops.CMPLT, x).logical_not()
+
+    def ne(self, x: Any) -> Tensor:
+        """Elementwise `!=`."""
+        return self._cmp(Ops.CMPNE, x)
+
+    def eq(self, x: Any) -> Tensor:
+        """Elementwise `==`."""
+        return self.ne(x).logical_not()
+
+    def __eq__(self, x: Any) -> Tensor:  # type: ignore[override]
+        return self.eq(x)
+
+    def __ne__(self, x: Any) -> Tensor:  # type: ignore[override]
+        return self.ne(x)
+
+    __hash__ = object.__hash__
+
+    def logical_not(self) -> Tensor:
+        """Elementwise not of a bool tensor (other dtypes: x == 0)."""
+        return self._cmp(Ops.CMPNE, True) if dtypes.is_bool(self.dtype) else self.eq(0)
+
+    def logical_and(self, x: Any) -> Tensor:
+        """Elementwise and of bool tensors."""
+        a, b = self.bool()._broadcasted(Tensor(x, device=self.device).bool() if not isinstance(x, Tensor) else x.bool())
+        return a._alu(Ops.AND, b)
+
+    def logical_or(self, x: Any) -> Tensor:
+        """Elementwise or of bool tensors."""
+        a, b = self.bool()._broadcasted(Tensor(x, device=self.device).bool() if not isinstance(x, Tensor) else x.bool())
+        return a._alu(Ops.OR, b)
+
+    # *** math ***
+
+    def _float_unary(self, op: Ops) -> Tensor:
+        t = self.cast(least_upper_float(self.dtype))
+        return t._alu(op)
+
+    def exp2(self) -> Tensor:
+        """2**x."""
+        return self._float_unary(Ops.EXP2)
+
+    def log2(self) -> Tensor:
+        """Base-2 logarithm."""
+        return self._float_unary(Ops.LOG2)
+
+    def exp(self) -> Tensor:
+        """e**x."""
+        t = self.cast(least_upper_float(self.dtype))
+        return (t * (1 / math.log(2))).exp2()
+
+    def log(self) -> Tensor:
+        """Natural logarithm."""
+        return self.log2() * math.log(2)
+
+    def sqrt(self) -> Tensor:
+        """Square root."""
+        return self._float_unary(Ops.SQRT)
+
+    def rsqrt(self) -> Tensor:
+        """1/sqrt(x)."""
+        return self.sqrt().reciprocal()
+
+    def sin(self) -> Tensor:
+        """Sine."""
+        return self._float_unary(Ops.SIN)
+
+    def cos(self) -> Tensor:
+        """Cosine, as sin(pi/2 - x)."""
+        t = self.cast(least_upper_float(self.dtype))
+        return (math.pi / 2 - t).sin()
+
+    def tan(self) -> Tensor:
+        """Tangent."""
+        return self.sin() / self.cos()
+
+    def relu(self) -> Tensor:
+        """max(x, 0)."""
+        return self.maximum(0)
+
+    def sigmoid(self) -> Tensor:
+        """1 / (1 + e**-x)."""
+        t = self.cast(least_upper_float(self.dtype))
+        return (1 + (t * (-1 / math.log(2))).exp2()).reciprocal()
+
+    def tanh(self) -> Tensor:
+        """Hyperbolic tangent, as 2*sigmoid(2x) - 1."""
+        return 2.0 * (2.0 * self).sigmoid() - 1.0
+
+    def abs(self) -> Tensor:
+        """|x|."""
+        if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype):
+            return self
+        return self.maximum(self.neg())
+
+    def square(self) -> Tensor:
+        """x*x."""
+        return self * self
+
+    def trunc(self) -> Tensor:
+        """Round toward zero."""
+        return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
+
+    def floor(self) -> Tensor:
+        """Round down."""
+        if not dtypes.is_float(self.dtype):
+            return self
+        t = self.trunc()
+        return (self < t).where(t - 1, t)
+
+    def ceil(self) -> Tensor:
+        """Round up."""
+        if not dtypes.is_float(self.dtype):
+            return self
+        t = self.trunc()
+        return (self > t).where(t + 1, t)
+
+    # *** reductions ***
+
+    def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
+        axes = tuple(range(self.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(sorted({_normalize_axis(a, self.ndim) for a in axes}))
+        if self.ndim == 0:
+            return self
+        ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+        return ret if keepdim else ret.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """Sum over `axis` (all by default). Bools and integers sum to int64 (unsigned to uint64), as in torch."""
+        if dtype is not None:
+            acc = out = to_dtype(dtype)
+        elif dtypes.is_bool(self.dtype) or dtypes.is_int(self.dtype):
+            acc = out = dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype == dtypes.uint64 else dtypes.int64
+        elif self.dtype in (dtypes.float16, dtypes.bfloat16):
+            acc, out = dtypes.float32, self.dtype
+        else:
+            acc = out = self.dtype
+        return self.cast(acc)._reduce(Ops.ADD, axis, keepdim).cast(out)
+
+    def prod(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Product over `axis`."""
+        t = self.cast(dtypes.int64) if dtypes.is_bool(self.dtype) or dtypes.is_int(self.dtype) else self
+        return t._reduce(Ops.MUL, axis, keepdim)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Largest value over `axis`."""
+        if self.numel() == 0 and (axis is None or any(self.shape[_normalize_axis(a, self.ndim)] == 0 for a in ((axis,) if isinstance(axis, int) else axis))):
+            raise ValueError("max of an empty dimension has no value; give an axis with elements")
+        if dtypes.is_bool(self.dtype):
+            return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Smallest value over `axis`."""
+        if dtypes.is_bool(self.dtype):
+            return self.logical_not().max(axis, keepdim).logical_not()
+        if dtypes.is_unsigned(self.dtype):
+            top = dtypes.max(self.dtype)
+            return (top - (top - self).max(axis, keepdim)).cast(self.dtype)
+        return self.neg().max(axis, keepdim).neg()
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """Average over `axis`; integer inputs give the default float."""
+        ft = least_upper_float(self.dtype)
+        out = self.cast(ft).sum(axis, keepdim)
+        n = self.numel() // max(out.numel(), 1) if out.numel() else 0
+        return out.div(n) if n else out * math.nan
+
+    # *** linear algebra ***
+
+    def dot(self, w: Tensor) -> Tensor:
+        """Matrix product with numpy's/torch's rules for 1-d and batched inputs."""
+        x = self
+        if x.ndim == 0 or w.ndim == 0:
+            raise ValueError(f"matmul needs at least 1-d tensors, got shapes {x.shape} and {w.shape}")
+        k = x.shape[-1]
+        kw = w.shape[-2] if w.ndim > 1 else w.shape[0]
+        if k != kw:
+            raise ValueError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
+        dt = least_upper_dtype(x.dtype, w.dtype)
+        x, w = x.cast(dt), w.cast(dt)
+        xx = x.reshape(*x.shape[:-1], *(1,) * min(w.ndim - 1, 1), k)
+        ww = (w.reshape(1, k) if w.ndim == 1 else w.transpose(-1, -2)).reshape(*((w.shape[:-2] + w.shape[-1:]) if w.ndim > 1 else (1,)), k)
+        if w.ndim == 1:
+            xx = x.reshape(*x.shape[:-1], k)
+            ww = w.reshape(k)
+        a, b = xx._broadcasted(ww)
+        acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+        return (a * b).cast(acc)._reduce(Ops.ADD, -1, False).cast(dt)
+
+    def matmul(self, w: Tensor) -> Tensor:
+        """Alias of dot."""
+        return self.dot(w)
+
+    # *** operators ***
+
+    def __add__(self, x: Any) -> Tensor:
+        return self.add(x)
+
+    def __radd__(self, x: Any) -> Tensor:
+        return self.add(x, True)
+
+    def __sub__(self, x: Any) -> Tensor:
+        return self.sub(x)
+
+    def __rsub__(self, x: Any) -> Tensor:
+        return self.sub(x, True)
+
+    def __mul__(self, x: Any) -> Tensor:
+        return self.mul(x)
+
+    def __rmul__(self, x: Any) -> Tensor:
+        return self.mul(x, True)
+
+    def __truediv__(self, x: Any) -> Tensor:
+        return self.div(x)
+
+    def __rtruediv__(self, x: Any) -> Tensor:
+        return self.div(x, True)
+
+    def __floordiv__(self, x: Any) -> Tensor:
+        return self.floordiv(x)
+
+    def __rfloordiv__(self, x: Any) -> Tensor:
+        return self.floordiv(x, True)
+
+    def __mod__(self, x: Any) -> Tensor:
+        return self.mod(x)
+
+    def __rmod__(self, x: Any) -> Tensor:
+        return self.mod(x, True)
+
+    def __neg__(self) -> Tensor:
+        return self.neg()
+
+    def __matmul__(self, x: Tensor) -> Tensor:
+        return self.dot(x)
+
+    def __rmatmul__(self, x: Tensor) -> Tensor:
+        return x.dot(self)
+
+    def __invert__(self) -> Tensor:
+        if dtypes.is_bool(self.dtype):
+            return self.logical_not()
+        if not dtypes.is_int(self.dtype):
+            raise TypeError(f"~ needs an integer or bool tensor, got {self.dtype!r}")
+        return self._alu(Ops.XOR, self._const_like(-1)._broadcast_to(self.shape))
+
+    def __and__(self, x: Any) -> Tensor:
+        a, b = self._broadcasted(x)
+        return a._alu(Ops.AND, b)
+
+    def __or__(self, x: Any) -> Tensor:
+        a, b = self._broadcasted(x)
+        return a._alu(Ops.OR, b)
+
+    def __xor__(self, x: Any) -> Tensor:
+        a, b = self._broadcasted(x)
+        return a._alu(Ops.XOR, b)
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+
+class _KeepAlive:
+    """Holds a device Buffer for as long as numpy uses a view of its memory."""
+
+    def __init__(self, view: memoryview, buf: Buffer) -> None:
+        self.view = view
+        _keepalive[id(view.obj) if view.obj is not None else id(view)] = buf
+
+
+_keepalive: dict[int, Buffer] = {}
+
+
+def _np_storage(dt: DType) -> Any:
+    try:
+        return to_numpy_dtype(dt)
+    except DTypeError:
+        return np.float32  # bfloat16/fp8 data enters as float32 and is cast on the device
+
+
+def _from_numpy(arr: np.ndarray, device: str, dtype: DType) -> UOp:
+    """A VIEW of a new BUFFER filled with `arr`."""
+    storage_dt = from_numpy_dtype(arr.dtype)
+    arr = np.ascontiguousarray(arr)
+    buf_uop = new_buffer(device, arr.size, storage_dt)
+    buf = buffer_of(buf_uop).allocate()
+    if arr.size:
+        buf.copyin(memoryview(arr.reshape(-1)).cast("B"))
+    attach_buffer(buf_uop, buf)
+    uop = UOp(Ops.VIEW, storage_dt, (buf_uop,), ShapeTracker.from_shape(arr.shape))
+    return uop if storage_dt == dtype else UOp(Ops.CAST, dtype, (uop,))
+
+
+def _shape_arg(shape: Any) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    if isinstance(shape, int):
+        shape = (shape,)
+    out = tuple(int(s) for s in shape)
+    return out
+
+
+def _pad_pairs(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
+    if all(isinstance(p, (tuple, list)) or p is None for p in padding):
+        if len(padding) != ndim:
+            raise ValueError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
+        return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+    if len(padding) % 2 or len(padding) // 2 > ndim:
+        raise ValueError(f"flat padding {tuple(padding)} needs (left, right) pairs for at most {ndim} dimensions")
+    flat = list(padding) + [0] * (2 * ndim - len(padding))
+    # torch's flat form starts at the last dimension
+    return tuple((int(flat[2 * i]), int(flat[2 * i + 1])) for i in range(ndim))[::-1]

@@ -1,0 +1,404 @@
+"""Cutting a tensor graph into kernels.
+
+`kernelize(sink)` decides which nodes are stored to memory (realized) and which are recomputed inside the kernels
+that read them, builds one kernel AST per group of realized nodes, and returns how each realized node *becomes* an
+`ASSIGN(target view of its BUFFER, KERNEL)`. Everything not realized fuses into the kernels that use it:
+
+- elementwise chains, and elementwise producers of a reduction, fuse into one kernel;
+- elementwise consumers of a reduction fuse as its epilogue while only reshapes stand between them;
+- movement ops become ShapeTrackers on the loads at the leaves, so they never copy;
+- a reduction read by several kernels, nested inside another reduction, or broadcast back (softmax's max) is stored;
+- an elementwise value read by several kernels is recomputed unless storing it once moves fewer bytes;
+- outputs of one shape that share inputs are computed by one kernel with several STOREs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.shape import shape_of
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker
+
+from lazygrad_scheduler.buffers import new_buffer
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The arg of a KERNEL node: its AST. The KERNEL's sources are its buffers (outputs first) and inputs."""
+
+    ast: UOp
+    n_outputs: int
+    n_slots: int
+
+    def __repr__(self) -> str:
+        stores = [s for s in self.ast.src if s.op is Ops.STORE]
+        return f"Kernel({len(stores)} store{'s' if len(stores) != 1 else ''}, {len(self.ast.toposort)} uops)"
+
+
+MOVEMENT = GroupOp.Movement | {Ops.VIEW}
+PASSTHROUGH = frozenset({Ops.DETACH})  # identity in the forward graph
+
+
+def is_kernelized(u: UOp) -> bool:
+    """True for ASSIGN(target, KERNEL): a node whose value a scheduled kernel writes."""
+    return u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL
+
+
+def is_leaf(u: UOp) -> bool:
+    """True for nodes whose value is in memory (or will be once their kernel runs)."""
+    return u.op is Ops.BUFFER or is_kernelized(u)
+
+
+def view_base(u: UOp) -> UOp:
+    """The node under a chain of movement ops."""
+    while u.op in MOVEMENT and u.src:
+        u = u.src[0]
+    return u
+
+
+def base_buffer(leaf: UOp) -> UOp:
+    """The BUFFER node a leaf's bytes live in."""
+    if leaf.op is Ops.BUFFER:
+        return leaf
+    target = leaf.src[0]
+    return view_base(target) if target.op is not Ops.BUFFER else target
+
+
+def leaf_view(leaf: UOp) -> ShapeTracker:
+    """How a leaf's value is laid out in its buffer."""
+    if leaf.op is Ops.BUFFER:
+        return ShapeTracker.from_shape((leaf.arg,))
+    return apply_movement(ShapeTracker.from_shape((base_buffer(leaf).arg,)), _movement_chain(leaf.src[0]))
+
+
+def _movement_chain(u: UOp) -> list[UOp]:
+    """The movement ops on the way from `u` down to its base, leaf-first."""
+    chain = []
+    while u.op in MOVEMENT and u.src:
+        chain.append(u)
+        u = u.src[0]
+    return chain[::-1]
+
+
+def apply_movement(st: ShapeTracker, ops: list[UOp]) -> ShapeTracker:
+    """`st` with movement nodes `ops` applied in order (leaf first)."""
+    for m in ops:
+        if m.op is Ops.VIEW:
+            st = st + m.arg
+        elif m.op is Ops.RESHAPE:
+            st = st.reshape(m.arg)
+        elif m.op is Ops.EXPAND:
+            st = st.expand(m.arg)
+        elif m.op is Ops.PERMUTE:
+            st = st.permute(m.arg)
+        elif m.op is Ops.PAD:
+            st = st.pad(m.arg)
+        elif m.op is Ops.SHRINK:
+            st = st.shrink(m.arg)
+        elif m.op is Ops.FLIP:
+            st = st.flip(m.arg)
+        else:
+            raise AssertionError(f"{m.op} is not a movement op")
+    return st
+
+
+def is_view_of_leaf(u: UOp) -> bool:
+    """True when `u` is a leaf or movement ops over one: realizing it needs no kernel."""
+    return is_leaf(view_base(u))
+
+
+# *** deciding what to realize ***
+
+
+@dataclass
+class _Group:
+    """What one realized root pulls into its kernel."""
+
+    root: UOp
+    members: set[UOp] = field(default_factory=set)
+    leaves: set[UOp] = field(default_factory=set)
+    reduce_sig: tuple | None = None
+
+
+def _root_value(root: UOp) -> UOp:
+    """The node a realized root computes: CONTIGUOUS and ASSIGN compute their source."""
+    if root.op is Ops.CONTIGUOUS:
+        return root.src[0]
+    if root.op is Ops.ASSIGN:
+        return root.src[1]
+    return root
+
+
+def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
+    """The nodes that fuse into `root`'s kernel; reductions that can't fuse go into `must_realize`."""
+    g = _Group(root)
+    # (node, only elementwise/reshape ops between it and the root, below a reduction)
+    stack: list[tuple[UOp, bool, bool]] = [(_root_value(root), True, False)]
+    seen: set[tuple[UOp, bool, bool]] = set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        u, path_ok, in_reduce = item
+        if is_leaf(u) or (u in realized and u is not root):
+            g.leaves.add(u)
+            continue
+        if u.op in (Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND):
+            continue
+        if u.op is Ops.REDUCE_AXIS:
+            sig = (shape_of(u.src[0]), u.arg[1])
+            if in_reduce or not path_ok or (g.reduce_sig is not None and g.reduce_sig != sig):
+                must_realize.add(u)
+                g.leaves.add(u)
+                continue
+            g.reduce_sig = sig
+            g.members.add(u)
+            stack.append((u.src[0], False, True))
+            continue
+        g.members.add(u)
+        keeps = path_ok and (u.op in GroupOp.Elementwise or u.op in PASSTHROUGH or u.op is Ops.RESHAPE)
+        stack.extend((s, keeps, in_reduce) for s in u.src if s.op is not Ops.DEVICE)
+    return g
+
+
+def _bytes_read(node: UOp, group: _Group) -> int:
+    """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count."""
+    numel = math.prod(shape_of(node))
+    total, stack, seen = 0, [node], set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in group.leaves or is_leaf(u):
+            total += numel * u.dtype.itemsize
+        elif u.op is not Ops.CONST:
+            stack.extend(s for s in u.src if s.op is not Ops.DEVICE)
+    return total
+
+
+def _has_reduce(u: UOp, realized: set[UOp]) -> bool:
+    stack, seen = [u], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or is_leaf(n) or (n in realized and n is not u):
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE_AXIS:
+            return True
+        stack.extend(n.src)
+    return False
+
+
+def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
+    """The nodes to store, and what each one's kernel contains."""
+    sink = UOp(Ops.SINK, src=tuple(outputs))
+    realized: set[UOp] = {o for o in outputs if not is_view_of_leaf(o)}
+    for u in sink.toposort:
+        if u.op in (Ops.CONTIGUOUS, Ops.COPY) or (u.op is Ops.ASSIGN and not is_kernelized(u)):
+            realized.add(u)
+        # a copy moves whole buffers: its source must be stored, contiguous and complete
+        if u.op is Ops.COPY and not _is_whole_leaf(u.src[1]):
+            realized.add(u.src[1])
+    while True:
+        must: set[UOp] = set()
+        groups = {r: _collect(r, realized, must) for r in realized if r.op is not Ops.COPY}
+        if must - realized:
+            realized |= must
+            continue
+        owners: dict[UOp, list[_Group]] = {}
+        for g in groups.values():
+            for m in g.members:
+                owners.setdefault(m, []).append(g)
+        added = _shared_to_store(owners, realized, sink)
+        if not added:
+            return realized, groups
+        realized |= added
+
+
+def _shared_to_store(owners: dict[UOp, list[_Group]], realized: set[UOp], sink: UOp) -> set[UOp]:
+    """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper."""
+    order = list(sink.toposort)
+    for u in reversed(order):  # from the outputs down: store the largest shared subgraph first
+        gs = owners.get(u, [])
+        if len(gs) < 2 or u in realized or u.op in MOVEMENT:
+            continue
+        if _has_reduce(u, realized):
+            return {u}
+        k = len(gs)
+        stored = math.prod(shape_of(u)) * u.dtype.itemsize
+        recompute = sum(_bytes_read(u, g) for g in gs)
+        if stored * (k + 1) + recompute // k < recompute:
+            return {u}
+    return set()
+
+
+# *** building kernel ASTs ***
+
+
+class _AstBuilder:
+    """Builds the AST of one kernel: STOREs of its roots over LOADs of its leaves."""
+
+    def __init__(self, roots: list[UOp], group: _Group, leaf_nodes: dict[UOp, UOp]) -> None:
+        self.roots, self.group, self.leaf_nodes = roots, group, leaf_nodes
+        self.buffers: list[UOp] = []  # base BUFFER per slot
+        self.slot_nodes: list[UOp] = []  # what each slot reads: a BUFFER, or the ASSIGN whose kernel writes it
+        self.extra_deps: list[UOp] = []  # kernelized leaves of an output buffer: earlier writes to order after
+        self.memo: dict[tuple, UOp] = {}
+        self.reduce_out: tuple[int, ...] | None = None
+        if group.reduce_sig is not None:
+            full, axes = group.reduce_sig
+            self.reduce_out = tuple(1 if i in axes else d for i, d in enumerate(full))
+
+    def slot(self, buf: UOp, leaf: UOp | None = None) -> UOp:
+        if buf not in self.buffers:
+            self.buffers.append(buf)
+            self.slot_nodes.append(leaf if leaf is not None else buf)
+        elif leaf is not None and is_kernelized(leaf) and leaf not in self.slot_nodes and leaf not in self.extra_deps:
+            self.extra_deps.append(leaf)
+        i = self.buffers.index(buf)
+        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(buf.arg), arg=i)
+
+    def build(self, outputs: list[tuple[UOp, ShapeTracker]]) -> UOp:
+        for out_buf, _ in outputs:
+            self.slot(out_buf)
+        stores = []
+        for root, (out_buf, out_st) in zip(self.roots, outputs):
+            value = self.node(_root_value(root), (), False)
+            st = out_st if self.reduce_out is None else out_st.reshape(self.reduce_out)
+            view = UOp(Ops.VIEW, arg=st)
+            stores.append(UOp(Ops.STORE, dtypes.void, (self.slot(out_buf), view, value)))
+        return UOp(Ops.SINK, src=tuple(stores))
+
+    def to_kernel_space(self, st: ShapeTracker, in_reduce: bool) -> ShapeTracker:
+        if not in_reduce and self.reduce_out is not None and st.shape != self.reduce_out:
+            return st.reshape(self.reduce_out)
+        return st
+
+    def node(self, u: UOp, path: tuple[UOp, ...], in_reduce: bool) -> UOp:
+        """The AST of `u` seen through movement ops `path` (root first)."""
+        key = (u, path, in_reduce)
+        if key in self.memo:
+            return self.memo[key]
+        if u in self.leaf_nodes or is_leaf(u):
+            leaf = self.leaf_nodes.get(u, u)
+            st = apply_movement(leaf_view(leaf), list(reversed(path)))
+            buf = base_buffer(leaf)
+            out = UOp(Ops.LOAD, u.dtype, (self.slot(buf, leaf), UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce))))
+        elif u.op is Ops.CONST:
+            st = apply_movement(ShapeTracker.from_shape(()), list(reversed(path)))
+            out = UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce)),), u.arg)
+        elif u.op in MOVEMENT:
+            out = self.node(u.src[0], (*path, u), in_reduce)
+        elif u.op in PASSTHROUGH:
+            out = self.node(u.src[0], path, in_reduce)
+        elif u.op is Ops.REDUCE_AXIS:
+            out = UOp(Ops.REDUCE_AXIS, u.dtype, (self.node(u.src[0], (), True),), u.arg)
+        elif u.op in GroupOp.Elementwise:
+            out = UOp(u.op, u.dtype, tuple(self.node(s, path, in_reduce) for s in u.src), u.arg)
+        else:
+            raise NotImplementedError(f"{u.op} can't be part of a kernel yet")
+        self.memo[key] = out
+        return out
+
+
+def _same_kernel(a: _Group, b: _Group) -> bool:
+    """Outputs that can share one kernel: same shapes, reduction, independent, and reading a common input."""
+    ra, rb = _root_value(a.root), _root_value(b.root)
+    if a.root.op is Ops.ASSIGN or b.root.op is Ops.ASSIGN:
+        return False
+    if shape_of(ra) != shape_of(rb) or a.reduce_sig != b.reduce_sig:
+        return False
+    if a.root in b.leaves or b.root in a.leaves:
+        return False
+    shared = {view_base(x) for x in a.leaves} & {view_base(x) for x in b.leaves}
+    return bool(shared)
+
+
+def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
+    """Kernelize the graph under `outputs`: returns {realized node: ASSIGN(target view of BUFFER, KERNEL)}.
+
+    Substituting that map into the graph makes every reader of a realized node LOAD its buffer.
+    """
+    realized, groups = choose_realized(outputs)
+    out_set = set(outputs)
+    pos = {u: i for i, u in enumerate(UOp(Ops.SINK, src=tuple(outputs)).toposort)}
+    # merge independent outputs into multi-store kernels
+    kernels: list[list[UOp]] = []
+    for r in sorted(groups, key=pos.__getitem__):
+        for k in kernels:
+            if r in out_set and all(x in out_set for x in k) and all(_same_kernel(groups[x], groups[r]) for x in k):
+                k.append(r)
+                break
+        else:
+            kernels.append([r])
+    becomes: dict[UOp, UOp] = {}
+    for copy in sorted((r for r in realized if r.op is Ops.COPY), key=pos.__getitem__):
+        kernels.append([copy])
+    kernels.sort(key=lambda k: max(pos[r] for r in k))
+    for roots in kernels:
+        if roots[0].op is Ops.COPY:
+            becomes[roots[0]] = _copy_kernel(roots[0], becomes)
+            continue
+        group = groups[roots[0]]
+        members = set().union(*(groups[r].members for r in roots))
+        merged = _Group(roots[0], members, set().union(*(groups[r].leaves for r in roots)), group.reduce_sig)
+        leaf_nodes = {leaf: becomes[leaf] for leaf in merged.leaves if leaf in becomes}
+        outs: list[tuple[UOp, ShapeTracker]] = []
+        targets: list[UOp] = []
+        for r in roots:
+            if r.op is Ops.ASSIGN:
+                target = r.src[0]
+                leaf = view_base(target)
+                if not is_leaf(leaf):
+                    raise ValueError("assign target must be a realized tensor (or a view of one); realize it first")
+                buf = base_buffer(leaf)
+                st = apply_movement(leaf_view(leaf), _movement_chain(target))
+                outs.append((buf, st))
+                targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
+            else:
+                shape = shape_of(r)
+                buf = new_buffer(_device(r), math.prod(shape), r.dtype)
+                st = ShapeTracker.from_shape(shape)
+                outs.append((buf, st))
+                targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
+        builder = _AstBuilder(roots, merged, leaf_nodes)
+        ast = builder.build(outs)
+        srcs = (*builder.slot_nodes, *builder.extra_deps)
+        kernel = UOp(Ops.KERNEL, src=srcs, arg=Kernel(ast, len(roots), len(builder.slot_nodes)))
+        for r, t in zip(roots, targets):
+            becomes[r] = UOp(Ops.ASSIGN, r.dtype, (t, kernel))
+    return becomes
+
+
+def _is_whole_leaf(u: UOp) -> bool:
+    base = view_base(u)
+    if not is_leaf(base):
+        return False
+    st = apply_movement(leaf_view(base), _movement_chain(u))
+    return st.contiguous and st.size == base_buffer(base).arg
+
+
+def _copy_kernel(copy: UOp, becomes: dict[UOp, UOp]) -> UOp:
+    """ASSIGN(new buffer on the target device, KERNEL(COPY)): a byte copy between devices."""
+    src = becomes.get(copy.src[1], copy.src[1])
+    shape = shape_of(copy)
+    out = new_buffer(copy.src[0].arg, math.prod(shape), copy.dtype)
+    leaf = view_base(src)
+    ast = UOp(Ops.COPY, copy.dtype, (UOp(Ops.DEVICE, arg=copy.src[0].arg), src))
+    kernel = UOp(Ops.KERNEL, src=(out, leaf if is_kernelized(leaf) else base_buffer(leaf)), arg=Kernel(ast, 1, 2))
+    return UOp(Ops.ASSIGN, copy.dtype, (UOp(Ops.VIEW, copy.dtype, (out,), ShapeTracker.from_shape(shape)), kernel))
+
+
+def _device(u: UOp) -> str:
+    from lazygrad_uop.shape import device_of
+
+    dev = device_of(u)
+    if dev is None:
+        raise ValueError("can't tell which device this tensor lives on")
+    return dev

@@ -1,0 +1,100 @@
+"""Shapes and devices of tensor-graph nodes, inferred from their sources and checked where they are built."""
+
+from __future__ import annotations
+
+import math
+
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.uop import UOp
+
+Shape = tuple[int, ...]
+
+
+class ShapeError(ValueError):
+    """A movement or elementwise op was given shapes or arguments that don't fit."""
+
+
+def shape_of(u: UOp) -> Shape:
+    """The shape of tensor-graph node `u` (memoised on the node)."""
+    if "_shape" in u.__dict__:
+        return u.__dict__["_shape"]
+    # sources first, iteratively, so a long chain does not recurse deeply
+    for n in u.toposort:
+        if "_shape" not in n.__dict__:
+            n.__dict__["_shape"] = _infer(n)
+    return u.__dict__["_shape"]
+
+
+def _src_shape(u: UOp, i: int = 0) -> Shape:
+    return u.src[i].__dict__["_shape"]
+
+
+def _infer(u: UOp) -> Shape | None:
+    op, arg = u.op, u.arg
+    if op in (Ops.DEVICE, Ops.UNIQUE, Ops.KERNEL, Ops.SINK, Ops.DEFINE_VAR, Ops.BIND):
+        return None
+    if op is Ops.BUFFER:
+        return (arg,)
+    if op is Ops.CONST:
+        return () if not u.src or u.src[0].op is Ops.DEVICE else u.src[0].arg.shape
+    if op is Ops.VIEW:
+        return arg.shape
+    if op in (Ops.COPY,):
+        return _src_shape(u, 1)
+    if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CAST, Ops.BITCAST):
+        return _src_shape(u)
+    s = _src_shape(u) if u.src else None
+    if op is Ops.RESHAPE:
+        if math.prod(arg) != math.prod(s):
+            raise ShapeError(f"can't reshape {s} ({math.prod(s)} elements) to {arg} ({math.prod(arg)} elements)")
+        return tuple(arg)
+    if op is Ops.EXPAND:
+        if len(arg) != len(s) or any(a != b and b != 1 for a, b in zip(arg, s)):
+            raise ShapeError(f"can't expand {s} to {arg}: only size-1 dimensions expand")
+        return tuple(arg)
+    if op is Ops.PERMUTE:
+        if sorted(arg) != list(range(len(s))):
+            raise ShapeError(f"permutation {arg} is not a permutation of the {len(s)} axes of {s}")
+        return tuple(s[i] for i in arg)
+    if op is Ops.PAD:
+        if len(arg) != len(s) or any(b < 0 or a < 0 for b, a in arg):
+            raise ShapeError(f"pad {arg} needs one non-negative (before, after) pair per axis of {s}")
+        return tuple(d + b + a for d, (b, a) in zip(s, arg))
+    if op is Ops.SHRINK:
+        if len(arg) != len(s) or any(not 0 <= b <= e <= d for d, (b, e) in zip(s, arg)):
+            raise ShapeError(f"shrink {arg} needs one (start, end) with 0 <= start <= end <= size per axis of {s}")
+        return tuple(e - b for b, e in arg)
+    if op is Ops.FLIP:
+        if len(arg) != len(s):
+            raise ShapeError(f"flip {arg} needs one bool per axis of {s}")
+        return s
+    if op is Ops.REDUCE_AXIS:
+        axes = arg[1]
+        if any(not 0 <= a < len(s) for a in axes):
+            raise ShapeError(f"reduce axes {axes} out of range for shape {s}")
+        return tuple(1 if i in axes else d for i, d in enumerate(s))
+    if op in GroupOp.ALU:
+        shapes = {n.__dict__["_shape"] for n in u.src}
+        if len(shapes) != 1:
+            raise ShapeError(f"{op.name} needs sources of one shape, got {sorted(shapes, key=str)}; broadcast them first")
+        return s
+    raise ShapeError(f"{op} has no shape in a tensor graph")
+
+
+def device_of(u: UOp) -> str | None:
+    """The device a tensor-graph node lives on, or None for nodes without one."""
+    for n in _first_path(u):
+        if n.op is Ops.DEVICE:
+            return n.arg
+        if n.op is Ops.BUFFER:
+            return n.src[1].arg
+        if n.op is Ops.COPY:
+            return n.src[0].arg
+    return None
+
+
+def _first_path(u: UOp) -> list[UOp]:
+    path = [u]
+    while path[-1].src and path[-1].op not in (Ops.BUFFER, Ops.COPY, Ops.DEVICE):
+        path.append(path[-1].src[0])
+    return path
