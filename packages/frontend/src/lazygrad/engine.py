@@ -24,8 +24,9 @@ class CompiledRunner:
     program: Program
 
     def __call__(self, bufs: tuple[Buffer, ...], wait: bool = False) -> float | None:
-        """Run on `bufs` (parameter order); with wait=True, return the kernel's run time in seconds."""
-        handles = [b.handle for b in bufs]
+        """Run on `bufs` (slot order); with wait=True, return the kernel's run time in seconds."""
+        # a slot whose loads were simplified away (e.g. fully masked) is not a parameter of the program
+        handles = [bufs[slot].handle for slot in self.spec.globals]
         return self.program(
             *handles, global_size=self.spec.global_size, local_size=self.spec.local_size, vals=(), wait=wait
         )

@@ -80,6 +80,9 @@ class Tensor:
             uop = data
         elif isinstance(data, Tensor):
             uop = data.uop if dtype is None else data.cast(dtype).uop
+        elif isinstance(data, np.generic):  # before Python scalars: np.float64 is a float subclass
+            dt = dtype or from_numpy_dtype(data.dtype)
+            uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data.item(), dt))
         elif isinstance(data, (bool, int, float)):
             dt = dtype or dtypes.from_py(data)
             uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data, dt))
@@ -89,9 +92,6 @@ class Tensor:
         elif isinstance(data, np.ndarray):
             dt = dtype or from_numpy_dtype(data.dtype)
             uop = _from_numpy(data.astype(_np_storage(dt), copy=False), dev, dt)
-        elif isinstance(data, np.generic):
-            dt = dtype or from_numpy_dtype(data.dtype)
-            uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data.item(), dt))
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
         self.uop: UOp = uop
@@ -267,6 +267,24 @@ class Tensor:
         run_schedule(items)
         _apply_becomes({a: a.src[0] for a in done})
 
+    def assign(self, x: Any) -> Tensor:
+        """Overwrite this tensor's values with `x` in place (kernels that read the old values run first)."""
+        x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if x.shape != self.shape:
+            x = x._broadcast_to(_broadcast_shape(x.shape, self.shape))
+        if x.shape != self.shape:
+            raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
+        if x.device != self.device:
+            raise ValueError(f"assign from {x.device} to a tensor on {self.device}; move it with .to() first")
+        if x.dtype != self.dtype:
+            raise DTypeError(f"assign of {x.dtype!r} to a {self.dtype!r} tensor; cast it first")
+        if not is_view_of_leaf(self.uop):
+            # nothing stored yet, so nothing to overwrite: this tensor simply becomes x
+            self.uop = x.uop
+            return self
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+        return self
+
     def contiguous(self) -> Tensor:
         """This tensor stored densely in its own buffer when realized."""
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -292,7 +310,10 @@ class Tensor:
             chain.append(u)
             u = u.src[0]
         st = apply_movement(leaf_view(base), chain[::-1])
-        return buffer_of(base_buffer(base)), st
+        buf = buffer_of(base_buffer(base))
+        if not buf.is_allocated:
+            buf.allocate()  # an `empty` tensor gets memory when first read
+        return buf, st
 
     def numpy(self) -> np.ndarray:
         """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
@@ -469,16 +490,20 @@ class Tensor:
             return flipped._slice_dim(dim, size - 1 - start, size - 1 - stop, -step)
         n = max(0, math.ceil((stop - start) / step))
         box = [(0, d) for d in self.shape]
-        box[dim] = (start, start + n * step if n else start)
+        end = min(start + n * step, size) if n else start
+        box[dim] = (start, end)
         t = self.shrink(box)
         if step == 1 or n == 0:
-            return t if n else t
-        # take every step-th element: pad to n*step, split into (n, step), keep column 0
+            return t
+        # every step-th element: pad to n*step, view as (n, step), keep column 0
+        pad = [(0, 0)] * self.ndim
+        pad[dim] = (0, n * step - (end - start))
+        t = t.pad(pad)
         shape = t.shape
         t = t.reshape(shape[:dim] + (n, step) + shape[dim + 1 :])
-        box2 = [(0, d) for d in t.shape]
-        box2[dim + 1] = (0, 1)
-        return t.shrink(box2).reshape(shape[:dim] + (n,) + shape[dim + 1 :])
+        keep = [(0, d) for d in t.shape]
+        keep[dim + 1] = (0, 1)
+        return t.shrink(keep).reshape(shape[:dim] + (n,) + shape[dim + 1 :])
 
     # *** elementwise ***
 
@@ -935,13 +960,14 @@ def _np_storage(dt: DType) -> Any:
 def _from_numpy(arr: np.ndarray, device: str, dtype: DType) -> UOp:
     """A VIEW of a new BUFFER filled with `arr`."""
     storage_dt = from_numpy_dtype(arr.dtype)
+    shape = arr.shape  # ascontiguousarray makes 0-d arrays 1-d
     arr = np.ascontiguousarray(arr)
     buf_uop = new_buffer(device, arr.size, storage_dt)
     buf = buffer_of(buf_uop).allocate()
     if arr.size:
         buf.copyin(memoryview(arr.reshape(-1)).cast("B"))
     attach_buffer(buf_uop, buf)
-    uop = UOp(Ops.VIEW, storage_dt, (buf_uop,), ShapeTracker.from_shape(arr.shape))
+    uop = UOp(Ops.VIEW, storage_dt, (buf_uop,), ShapeTracker.from_shape(shape))
     return uop if storage_dt == dtype else UOp(Ops.CAST, dtype, (uop,))
 
 

@@ -1,0 +1,286 @@
+"""The C-style renderer family: `CStyleLanguage`, the base that C, OpenCL, CUDA and Metal renderers specialise, and
+`CRenderer` for plain C (C99 with the GCC/Clang `_Float16` and `__bf16` extensions).
+
+A dialect differs from C in a few places, each a class attribute or a method to override: the kernel's prefix
+(`__kernel`, `extern "C" __global__`), buffer parameter qualifiers, how a hardware index is read
+(`code_for_workitem`), type names (`type_map`), the expression of each op (`code_for_op`, e.g. math function names),
+constants, casts and bitcasts, and how the whole function is assembled (`render_kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import DType, PtrDType, dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.uop import UOp
+
+
+def kernel_function_name(uops: list[UOp]) -> str:
+    """The function name codegen put on the final SINK of a linear program ("kernel" when there is none)."""
+    if uops and uops[-1].op is Ops.SINK and isinstance(uops[-1].arg, str):
+        return uops[-1].arg
+    return "kernel"
+
+
+def _infix(sym: str) -> Callable[..., str]:
+    return lambda a, b, dtype: f"({a}{sym}{b})"
+
+
+def _max(a: str, b: str, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        # NaN in either operand gives NaN, as numpy's maximum does
+        return f"((({a})!=({a})||({a})>({b}))?({a}):({b}))"
+    return f"(({a})>({b})?({a}):({b}))"
+
+
+def _libm(fn: str) -> Callable[..., str]:
+    return lambda a, dtype: f"{fn}({a})" if dtype.scalar() == dtypes.float64 else f"{fn}f({a})"
+
+
+class CStyleLanguage(Renderer):
+    """The common part of C-like languages: walks a linear program and writes one statement per line, with loops as
+    `for` statements, accumulators as local variables, and values used once inlined into their user."""
+
+    kernel_prefix: ClassVar[str] = ""
+    # written before and after a buffer parameter's pointer type, e.g. "__global " or " restrict"
+    buffer_prefix: ClassVar[str] = ""
+    buffer_suffix: ClassVar[str] = ""
+    arg_int_prefix: ClassVar[str] = "const int"
+    # lines before the kernel: includes, helper definitions
+    prelude: ClassVar[tuple[str, ...]] = ()
+    infinity: ClassVar[str] = "INFINITY"
+    nan: ClassVar[str] = "NAN"
+    # "g" and "l": the expression of global (work-group) and local index dimension d
+    code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {}
+    type_map: ClassVar[dict[DType, str]] = {
+        dtypes.bool: "bool",
+        dtypes.int8: "signed char",
+        dtypes.uint8: "unsigned char",
+        dtypes.int16: "short",
+        dtypes.uint16: "unsigned short",
+        dtypes.int32: "int",
+        dtypes.uint32: "unsigned int",
+        dtypes.int64: "long long",
+        dtypes.uint64: "unsigned long long",
+        dtypes.float16: "half",
+        dtypes.bfloat16: "__bf16",
+        dtypes.float32: "float",
+        dtypes.float64: "double",
+    }
+    code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {
+        Ops.ADD: _infix("+"),
+        Ops.MUL: _infix("*"),
+        Ops.IDIV: _infix("/"),
+        Ops.MOD: _infix("%"),
+        Ops.CMPLT: _infix("<"),
+        Ops.CMPNE: _infix("!="),
+        Ops.AND: _infix("&"),
+        Ops.OR: _infix("|"),
+        Ops.XOR: _infix("^"),
+        Ops.SHL: _infix("<<"),
+        Ops.SHR: _infix(">>"),
+        Ops.MAX: _max,
+        Ops.NEG: lambda a, dtype: f"(!{a})" if dtypes.is_bool(dtype) else f"(-{a})",
+        Ops.RECIP: lambda a, dtype: f"(1/{a})",
+        Ops.WHERE: lambda c, a, b, dtype: f"({c}?{a}:{b})",
+        Ops.MULACC: lambda a, b, c, dtype: f"(({a}*{b})+{c})",
+        Ops.EXP2: _libm("exp2"),
+        Ops.LOG2: _libm("log2"),
+        Ops.SIN: _libm("sin"),
+        Ops.SQRT: _libm("sqrt"),
+        Ops.TRUNC: _libm("trunc"),
+    }
+    # dtypes whose math functions are computed in float32 and rounded back (the C library has none for them)
+    math_in_float: ClassVar[frozenset[DType]] = frozenset({dtypes.float16, dtypes.bfloat16})
+    # dtypes that C arithmetic promotes to int or float: each result is cast back so it wraps or rounds as the type
+    narrow_types: ClassVar[frozenset[DType]] = frozenset(
+        {dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16}
+    )
+
+    # *** pieces a dialect overrides ***
+
+    def render_dtype(self, dtype: DType) -> str:
+        """The type name of `dtype` (a pointer type for buffers)."""
+        if isinstance(dtype, PtrDType):
+            return f"{self.render_dtype(dtype.base)}*"
+        if dtype.count > 1:
+            raise NotImplementedError(f"{type(self).__name__} can't render vector type {dtype} yet")
+        if dtype.scalar() not in self.type_map:
+            raise NotImplementedError(f"{type(self).__name__} has no type for {dtype}")
+        return self.type_map[dtype.scalar()]
+
+    def render_const(self, value: float | int | bool, dtype: DType) -> str:
+        """A literal of `dtype`."""
+        if dtypes.is_bool(dtype):
+            return "1" if value else "0"
+        if dtypes.is_float(dtype):
+            if math.isnan(value):
+                text = self.nan
+            elif math.isinf(value):
+                text = self.infinity if value > 0 else f"(-{self.infinity})"
+            else:
+                text = repr(float(value)) + ("" if dtype == dtypes.float64 else "f")
+            return text if dtype == dtypes.float32 else self.render_cast(text, dtypes.float32, dtype)
+        v = int(value)
+        if dtype == dtypes.int32:
+            return "(-2147483647-1)" if v == -(2**31) else (f"({v})" if v < 0 else str(v))
+        if dtype == dtypes.int64:
+            return "(-9223372036854775807ll-1)" if v == -(2**63) else (f"({v}ll)" if v < 0 else f"{v}ll")
+        if dtype == dtypes.uint32:
+            return f"{v}u"
+        if dtype == dtypes.uint64:
+            return f"{v}ull"
+        return self.render_cast(str(v), dtypes.int32, dtype)
+
+    def render_cast(self, x: str, src: DType, dest: DType) -> str:
+        """`x` of type `src` converted to `dest` (floats to ints truncate, anything to bool is `!= 0`)."""
+        return f"(({self.render_dtype(dest)})({x}))"
+
+    def render_bitcast(self, x: str, src: DType, dest: DType) -> str:
+        """The bits of `x` reinterpreted as `dest` (a union is the C99 way to pun types)."""
+        return f"((union {{ {self.render_dtype(src)} a; {self.render_dtype(dest)} b; }}){{.a = {x}}}).b"
+
+    def render_workitem(self, kind: str, dim: int) -> str:
+        """The expression of hardware index `kind` ("g" global, "l" local) in dimension `dim`."""
+        if kind not in self.code_for_workitem:
+            raise NotImplementedError(f"{type(self).__name__} has no hardware indices of kind {kind!r}")
+        return self.code_for_workitem[kind](dim)
+
+    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]]) -> str:
+        """The whole source: prelude, signature with `params` (name, dtype) in order, and the body lines."""
+        args = []
+        for pname, dtype in params:
+            if isinstance(dtype, PtrDType):
+                args.append(f"{self.buffer_prefix}{self.render_dtype(dtype)}{self.buffer_suffix} {pname}")
+            else:
+                args.append(f"{self.arg_int_prefix} {pname}")
+        head = f"{self.kernel_prefix}void {name}({', '.join(args)}) {{"
+        return "\n".join([*self.prelude, head, *body, "}", ""])
+
+    # *** the walk ***
+
+    def render_alu(self, op: Ops, dtype: DType, operands: list[str], src_dtypes: list[DType]) -> str:
+        """The expression of ALU op `op` with result type `dtype` on `operands`."""
+        if op not in self.code_for_op:
+            raise NotImplementedError(f"{type(self).__name__} can't render {op}")
+        scalar = dtype.scalar()
+        if op in GroupOp.Unary and op not in (Ops.NEG, Ops.RECIP) and scalar in self.math_in_float:
+            inner = self.code_for_op[op](self.render_cast(operands[0], scalar, dtypes.float32), dtypes.float32)
+            return self.render_cast(inner, dtypes.float32, scalar)
+        # comparisons compute in the operands' type; everything else in the result type
+        compute = src_dtypes[0] if op in GroupOp.Comparison else dtype
+        expr = self.code_for_op[op](*operands, compute)
+        if op not in GroupOp.Comparison and scalar in self.narrow_types:
+            expr = self.render_cast(expr, scalar, scalar)
+        return expr
+
+    def render(self, uops: list[UOp]) -> str:
+        """C-like source of the linear program `uops`."""
+        users: dict[UOp, list[UOp]] = {u: [] for u in uops}
+        depth_at: dict[UOp, int] = {}
+        depth = 0
+        for u in uops:
+            if u.op is Ops.END:
+                depth -= 1
+            depth_at[u] = depth
+            if u.op is Ops.RANGE:
+                depth += 1
+            for s in u.src:
+                if s in users:
+                    users[s].append(u)
+
+        def inline(u: UOp) -> bool:
+            us = users[u]
+            if len(us) != 1 or depth_at[us[0]] != depth_at[u] or us[0].op is Ops.RANGE:
+                return False
+            # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
+            return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
+
+        r: dict[UOp, str] = {}
+        params: list[tuple[str, DType]] = []
+        lines: list[str] = []
+        counter: dict[str, int] = {}
+        indent = 1
+
+        def fresh(prefix: str) -> str:
+            counter[prefix] = counter.get(prefix, 0) + 1
+            return f"{prefix}{counter[prefix] - 1}"
+
+        def line(text: str) -> None:
+            lines.append("  " * indent + text)
+
+        for u in uops:
+            op, src = u.op, u.src
+            if op is Ops.SINK:
+                continue
+            if op is Ops.DEFINE_GLOBAL:
+                r[u] = f"data{u.arg}"
+                params.append((r[u], u.dtype))
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                params.append((r[u], u.dtype))
+            elif op is Ops.CONST:
+                r[u] = self.render_const(u.arg, u.dtype)
+            elif op is Ops.SPECIAL:
+                name, size = u.arg
+                r[u] = name
+                line(f"int {name} = {self.render_workitem(name[0], int(name[-1]))}; /* {size} */")
+            elif op is Ops.RANGE:
+                r[u] = f"ridx{u.arg}"
+                line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                indent += 1
+            elif op is Ops.END:
+                indent -= 1
+                line("}")
+            elif op is Ops.DEFINE_ACC:
+                r[u] = f"acc{u.arg[0]}"
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
+            elif op is Ops.ASSIGN:
+                r[u] = r[src[0]]
+                line(f"{r[u]} = {r[src[1]]};")
+            elif op is Ops.INDEX:
+                r[u] = f"({r[src[0]]}+{r[src[1]]})"
+            elif op is Ops.LOAD:
+                value = f"(*{r[src[0]]})" if len(src) == 1 else f"({r[src[2]]}?*{r[src[0]]}:{r[src[1]]})"
+                r[u] = fresh("val")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {value};")
+            elif op is Ops.STORE:
+                store = f"*{r[src[0]]} = {r[src[1]]};"
+                line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
+            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+                if op is Ops.CAST:
+                    expr = self.render_cast(r[src[0]], src[0].dtype, u.dtype)
+                elif op is Ops.BITCAST:
+                    expr = self.render_bitcast(r[src[0]], src[0].dtype, u.dtype)
+                else:
+                    expr = self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src])
+                if inline(u):
+                    r[u] = expr
+                else:
+                    r[u] = fresh("cast" if op in (Ops.CAST, Ops.BITCAST) else "alu")
+                    line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")
+            else:
+                raise NotImplementedError(f"{type(self).__name__} can't render {op} yet")
+        return self.render_kernel(kernel_function_name(uops), lines, params)
+
+
+class CRenderer(CStyleLanguage):
+    """Plain C for the host: one function `void name(T* data0, ..., const int var)` that runs every loop itself."""
+
+    device = "CPU"
+    suffix = "C"
+    supports_float4 = False
+    has_local = False
+    has_shared = False
+    prelude = ("#include <math.h>", "#include <stdbool.h>")
+    type_map: ClassVar[dict[DType, str]] = {**CStyleLanguage.type_map, dtypes.float16: "_Float16"}
+
+    def render_dtype(self, dtype: DType) -> str:
+        """C type name; fp8 types have none."""
+        if dtype.scalar() in (dtypes.fp8e4m3, dtypes.fp8e5m2):
+            raise NotImplementedError(f"the C renderer has no type for {dtype} yet")
+        return super().render_dtype(dtype)

@@ -1,0 +1,396 @@
+"""The LLVM IR renderer family: `LLVMRenderer` turns a linear program into one LLVM IR function, which a device
+package compiles for its target (the CPU with llvmlite; GPU targets specialise the parameters and hardware indices).
+
+How the IR is shaped, and why:
+
+- loops are a header block with a phi for the index, a body, and a latch block that steps it, so LLVM sees
+  canonical counted loops it can vectorise;
+- accumulators live in stack slots (`alloca` in the entry block, read with `load`, written with `store`); LLVM's
+  mem2reg turns them into phis, which is simpler than threading phis through nested loops here;
+- float adds and multiplies that fold into an accumulator carry the `reassoc` flag, so the loop vectoriser may
+  reorder the reduction into vector lanes;
+- index arithmetic carries `nsw`, so scalar evolution can prove that consecutive iterations touch consecutive
+  elements;
+- a gated load reads element 0 when its gate is false (its own index may be out of bounds) and selects the
+  alternative value, which keeps the loop branch-free;
+- `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from typing import ClassVar
+
+from lazygrad_codegen.cstyle import kernel_function_name
+from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import DType, PtrDType, dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.uop import UOp
+
+_LTYPE: dict[DType, str] = {
+    dtypes.bool: "i1",
+    dtypes.int8: "i8",
+    dtypes.uint8: "i8",
+    dtypes.int16: "i16",
+    dtypes.uint16: "i16",
+    dtypes.int32: "i32",
+    dtypes.uint32: "i32",
+    dtypes.int64: "i64",
+    dtypes.uint64: "i64",
+    dtypes.float16: "half",
+    dtypes.bfloat16: "i16",
+    dtypes.float32: "float",
+    dtypes.float64: "double",
+}
+_INTRINSIC_SUFFIX = {"half": "f16", "float": "f32", "double": "f64"}
+_MATH_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+
+def ltype(dtype: DType) -> str:
+    """The LLVM type of a value of `dtype` in a register."""
+    if isinstance(dtype, PtrDType):
+        return "ptr"
+    if dtype.count > 1:
+        raise NotImplementedError(f"the LLVM renderer can't render vector type {dtype} yet")
+    if dtype.scalar() not in _LTYPE:
+        raise NotImplementedError(f"the LLVM renderer has no type for {dtype} yet (fp8 types are not supported)")
+    return _LTYPE[dtype.scalar()]
+
+
+def mtype(dtype: DType) -> str:
+    """The LLVM type of an element of `dtype` in memory (a bool is a byte there)."""
+    return "i8" if dtypes.is_bool(dtype) else ltype(dtype)
+
+
+def lconst(value: float | int | bool, dtype: DType) -> str:
+    """An LLVM literal of `dtype`."""
+    scalar = dtype.scalar()
+    if dtypes.is_bool(scalar):
+        return "true" if value else "false"
+    if scalar == dtypes.bfloat16:
+        return str(struct.unpack("<h", _bf16_bits(float(value)))[0])
+    if scalar == dtypes.float16:
+        return f"0xH{struct.unpack('<H', struct.pack('<e', float(value)))[0]:04X}"
+    if dtypes.is_float(scalar):
+        # LLVM takes float constants as the hex of the double of equal value (float32 values are exact doubles)
+        return f"0x{struct.unpack('<Q', struct.pack('<d', float(value)))[0]:016X}"
+    bits = 8 * scalar.itemsize
+    v = int(value) & ((1 << bits) - 1)
+    return str(v - (1 << bits) if v >= 1 << (bits - 1) else v)
+
+
+def _bf16_bits(x: float) -> bytes:
+    """The bfloat16 bits of `x`, rounded to nearest even as the renderer's conversion does."""
+    if math.isnan(x):
+        return struct.pack("<H", 0x7FC0)
+    b = struct.unpack("<I", struct.pack("<f", x))[0]
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFFFFFF
+    return struct.pack("<H", b >> 16)
+
+
+class LLVMFunction:
+    """One function being rendered: its lines, the SSA value of each UOp, its stack slots and declarations.
+    Target hooks (`LLVMRenderer.render_special`) get it to emit instructions with `op` and read values with `get`."""
+
+    def __init__(self, renderer: LLVMRenderer, uops: list[UOp]) -> None:
+        self.renderer = renderer
+        self.uops = uops
+        self.val: dict[UOp, str] = {}
+        self.allocas: list[str] = []
+        self.lines: list[str] = []
+        self.declares: set[str] = set()
+        self.params: list[str] = []
+        self.n = 0
+        self.index_math = _index_math(uops)
+        self.accumulate = {u.src[1] for u in uops if u.op is Ops.ASSIGN}
+        self.position = {u: i for i, u in enumerate(uops)}
+
+    def tmp(self) -> str:
+        """A fresh SSA name."""
+        self.n += 1
+        return f"%v{self.n}"
+
+    def emit(self, text: str) -> None:
+        """Append one instruction."""
+        self.lines.append(f"  {text}")
+
+    def label(self, name: str) -> None:
+        """Start the basic block `name`."""
+        self.lines.append(f"{name}:")
+
+    def op(self, text: str) -> str:
+        """Emit `%tmp = text` and return %tmp."""
+        t = self.tmp()
+        self.emit(f"{t} = {text}")
+        return t
+
+    def get(self, u: UOp) -> str:
+        """The value of `u` where it is used; an accumulator is read from its stack slot at that point."""
+        if u.op in (Ops.DEFINE_ACC, Ops.ASSIGN):
+            acc = u if u.op is Ops.DEFINE_ACC else u.src[0]
+            return self.op(f"load {ltype(acc.dtype)}, ptr {self.val[acc]}")
+        return self.val[u]
+
+    def call(self, ret: str, name: str, args: list[tuple[str, str]]) -> str:
+        """Call function `name` (declared once at the end of the module) with (type, value) `args`."""
+        self.declares.add(f"declare {ret} @{name}({', '.join(t for t, _ in args)})")
+        return self.op(f"call {ret} @{name}({', '.join(f'{t} {v}' for t, v in args)})")
+
+    # *** conversions ***
+
+    def bf16_to_f32(self, v: str) -> str:
+        """The float32 of bfloat16 bits `v` (exact: bfloat16 is float32's upper half)."""
+        wide = self.op(f"zext i16 {v} to i32")
+        return self.op(f"bitcast i32 {self.op(f'shl i32 {wide}, 16')} to float")
+
+    def f32_to_bf16(self, v: str) -> str:
+        """The bfloat16 bits of float32 `v`, rounded to nearest even; NaN stays a (quiet) NaN."""
+        bits = self.op(f"bitcast float {v} to i32")
+        odd = self.op(f"and i32 {self.op(f'lshr i32 {bits}, 16')}, 1")
+        rounded = self.op(f"add i32 {bits}, {self.op(f'add i32 {odd}, 32767')}")
+        quiet = self.op(f"or i32 {bits}, 4194304")
+        isnan = self.op(f"fcmp uno float {v}, 0.0")
+        picked = self.op(f"select i1 {isnan}, i32 {quiet}, i32 {rounded}")
+        return self.op(f"trunc i32 {self.op(f'lshr i32 {picked}, 16')} to i16")
+
+    def f64_to_f32_round_to_odd(self, v: str) -> str:
+        """double -> float rounded toward zero with the last bit set when inexact, so that a second rounding (to
+        half) gives the correctly rounded result."""
+        r = self.op(f"fptrunc double {v} to float")
+        back = self.op(f"fpext float {r} to double")
+        inexact = self.op(f"fcmp one double {back}, {v}")
+        bits = self.op(f"bitcast float {r} to i32")
+        # rounded away from zero: step one ulp back toward zero (the magnitude is in the low 31 bits)
+        abs_back = self.call("double", "llvm.fabs.f64", [("double", back)])
+        away = self.op(f"fcmp ogt double {abs_back}, {self.call('double', 'llvm.fabs.f64', [('double', v)])}")
+        stepped = self.op(f"select i1 {away}, i32 {self.op(f'sub i32 {bits}, 1')}, i32 {bits}")
+        odd = self.op(f"select i1 {inexact}, i32 {self.op(f'or i32 {stepped}, 1')}, i32 {bits}")
+        return self.op(f"bitcast i32 {odd} to float")
+
+    def cast(self, v: str, src: DType, dest: DType) -> str:
+        """`v` converted from `src` to `dest` with C semantics (float to int truncates, to bool is != 0)."""
+        s, d = src.scalar(), dest.scalar()
+        for dt in (s, d):
+            if dt in (dtypes.fp8e4m3, dtypes.fp8e5m2):
+                raise NotImplementedError(f"the LLVM renderer can't convert {dt} yet")
+        if s == d:
+            return v
+        if s == dtypes.bfloat16:
+            return self.cast(self.bf16_to_f32(v), dtypes.float32, d)
+        if d == dtypes.bfloat16:
+            return self.f32_to_bf16(self.cast(v, s, dtypes.float32))
+        # LLVM lowers conversions between half and anything but float to compiler-rt calls that aren't loaded in
+        # this process: go through float (exact for every int half can hold; doubles are rounded to odd first)
+        if s == dtypes.float16 and d != dtypes.float32:
+            return self.cast(self.cast(v, s, dtypes.float32), dtypes.float32, d)
+        if d == dtypes.float16 and s != dtypes.float32:
+            mid = self.f64_to_f32_round_to_odd(v) if s == dtypes.float64 else self.cast(v, s, dtypes.float32)
+            return self.cast(mid, dtypes.float32, d)
+        st, dt = ltype(s), ltype(d)
+        if dtypes.is_bool(d):
+            return self.op(f"fcmp une {st} {v}, 0.0" if dtypes.is_float(s) else f"icmp ne {st} {v}, 0")
+        if dtypes.is_bool(s):
+            return self.op(f"uitofp i1 {v} to {dt}" if dtypes.is_float(d) else f"zext i1 {v} to {dt}")
+        if dtypes.is_float(s) and dtypes.is_float(d):
+            return self.op(f"{'fpext' if d.itemsize > s.itemsize else 'fptrunc'} {st} {v} to {dt}")
+        if dtypes.is_float(s):
+            return self.op(f"{'fptoui' if dtypes.is_unsigned(d) else 'fptosi'} {st} {v} to {dt}")
+        if dtypes.is_float(d):
+            return self.op(f"{'uitofp' if dtypes.is_unsigned(s) else 'sitofp'} {st} {v} to {dt}")
+        if d.itemsize == s.itemsize:
+            return v
+        if d.itemsize < s.itemsize:
+            return self.op(f"trunc {st} {v} to {dt}")
+        return self.op(f"{'zext' if dtypes.is_unsigned(s) else 'sext'} {st} {v} to {dt}")
+
+    # *** ops ***
+
+    def alu(self, u: UOp) -> str:
+        """The value of ALU op `u`."""
+        op, dtype = u.op, u.dtype.scalar()
+        operand_dtype = u.src[0].dtype.scalar() if op is not Ops.WHERE else dtype
+        if operand_dtype == dtypes.bfloat16 and op is not Ops.WHERE:
+            # bfloat16 math happens in float32, rounded back once per op as numpy-style libraries do
+            args = [self.bf16_to_f32(self.get(s)) for s in u.src]
+            out = self.alu_on(op, dtypes.float32, dtypes.bool if op in GroupOp.Comparison else dtypes.float32, args, u)
+            return out if op in GroupOp.Comparison else self.f32_to_bf16(out)
+        return self.alu_on(op, operand_dtype, dtype, [self.get(s) for s in u.src], u)
+
+    def alu_on(self, op: Ops, dt: DType, out_dt: DType, a: list[str], u: UOp) -> str:
+        """ALU op `op` on operands `a` of type `dt` (the condition excepted for WHERE), giving `out_dt`."""
+        t = ltype(dt)
+        is_float, is_bool, unsigned = dtypes.is_float(dt), dtypes.is_bool(dt), dtypes.is_unsigned(dt)
+        if op is Ops.WHERE:
+            return self.op(f"select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
+        if op is Ops.CMPLT:
+            cmp = "fcmp olt" if is_float else f"icmp {'ult' if unsigned or is_bool else 'slt'}"
+            return self.op(f"{cmp} {t} {a[0]}, {a[1]}")
+        if op is Ops.CMPNE:
+            return self.op(f"{'fcmp une' if is_float else 'icmp ne'} {t} {a[0]}, {a[1]}")
+        if op in (Ops.ADD, Ops.MUL):
+            if is_bool:
+                return self.op(f"{'or' if op is Ops.ADD else 'and'} i1 {a[0]}, {a[1]}")
+            if is_float:
+                # an accumulation may be reordered, so that the loop vectoriser can split it over vector lanes
+                flags = "reassoc " if u in self.accumulate else ""
+                return self.op(f"{'fadd' if op is Ops.ADD else 'fmul'} {flags}{t} {a[0]}, {a[1]}")
+            flags = " nsw" if u in self.index_math else ""
+            return self.op(f"{'add' if op is Ops.ADD else 'mul'}{flags} {t} {a[0]}, {a[1]}")
+        if op in (Ops.IDIV, Ops.MOD):
+            if is_float:
+                raise NotImplementedError(f"{op} is defined on integers only, got {dt}")
+            kind = ("u" if unsigned or is_bool else "s") + ("div" if op is Ops.IDIV else "rem")
+            return self.op(f"{kind} {t} {a[0]}, {a[1]}")
+        if op is Ops.MAX:
+            if is_bool:
+                return self.op(f"or i1 {a[0]}, {a[1]}")
+            # llvm.maximum propagates NaN, as numpy's maximum does (maxnum would drop it)
+            name = f"llvm.maximum.{_INTRINSIC_SUFFIX[t]}" if is_float else f"llvm.{'umax' if unsigned else 'smax'}.{t}"
+            return self.call(t, name, [(t, a[0]), (t, a[1])])
+        if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.SHL):
+            if is_float:
+                raise NotImplementedError(f"{op} is defined on integers and bools only, got {dt}")
+            return self.op(f"{op.name.lower()} {t} {a[0]}, {a[1]}")
+        if op is Ops.SHR:
+            return self.op(f"{'lshr' if unsigned else 'ashr'} {t} {a[0]}, {a[1]}")
+        if op is Ops.NEG:
+            if is_bool:
+                return self.op(f"xor i1 {a[0]}, true")
+            return self.op(f"fneg {t} {a[0]}" if is_float else f"sub {t} 0, {a[0]}")
+        if op is Ops.RECIP:
+            return self.op(f"fdiv {t} {lconst(1.0, dt)}, {a[0]}")
+        if op in _MATH_INTRINSICS:
+            return self.call(t, f"llvm.{_MATH_INTRINSICS[op]}.{_INTRINSIC_SUFFIX[t]}", [(t, a[0])])
+        if op is Ops.MULACC:
+            if is_float:
+                return self.call(t, f"llvm.fmuladd.{_INTRINSIC_SUFFIX[t]}", [(t, x) for x in a])
+            return self.op(f"add {t} {self.op(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
+        raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
+
+    def render_uop(self, u: UOp) -> None:
+        """Emit the instructions of `u`, the next UOp of the linear program."""
+        op, src = u.op, u.src
+        if op is Ops.DEFINE_GLOBAL:
+            self.val[u] = f"%data{u.arg}"
+            self.params.append(f"ptr {self.val[u]}")
+        elif op is Ops.DEFINE_VAR:
+            self.val[u] = "%var_" + re.sub(r"\W", "_", u.arg[0])
+            self.params.append(f"{ltype(u.dtype)} {self.val[u]}")
+        elif op is Ops.CONST:
+            self.val[u] = lconst(u.arg, u.dtype)
+        elif op is Ops.SPECIAL:
+            self.val[u] = self.renderer.render_special(self, u)
+        elif op is Ops.RANGE:
+            k = self.position[u]
+            r = self.val[u] = f"%ridx{k}"
+            self.emit(f"br label %loop_entry_{k}")
+            self.label(f"loop_entry_{k}")
+            self.emit(f"br label %loop_header_{k}")
+            self.label(f"loop_header_{k}")
+            self.emit(f"{r} = phi i32 [0, %loop_entry_{k}], [{r}_next, %loop_latch_{k}]")
+            go = self.op(f"icmp slt i32 {r}, {self.get(src[0])}")
+            self.emit(f"br i1 {go}, label %loop_body_{k}, label %loop_exit_{k}")
+            self.label(f"loop_body_{k}")
+        elif op is Ops.END:
+            k = self.position[src[0]]
+            r = self.val[src[0]]
+            self.emit(f"br label %loop_latch_{k}")
+            self.label(f"loop_latch_{k}")
+            self.emit(f"{r}_next = add nuw nsw i32 {r}, 1")
+            self.emit(f"br label %loop_header_{k}")
+            self.label(f"loop_exit_{k}")
+        elif op is Ops.DEFINE_ACC:
+            slot = self.val[u] = f"%acc{u.arg[0]}"
+            self.allocas.append(f"  {slot} = alloca {ltype(u.dtype)}")
+            self.emit(f"store {ltype(u.dtype)} {self.get(src[0])}, ptr {slot}")
+        elif op is Ops.ASSIGN:
+            self.emit(f"store {ltype(u.dtype)} {self.get(src[1])}, ptr {self.val[src[0]]}")
+        elif op is Ops.INDEX:
+            idx = self.get(src[1])
+            if len(src) == 3:
+                # a masked-out index may point anywhere: read element 0 instead, and let the load's gate discard it
+                idx = self.op(f"select i1 {self.get(src[2])}, i32 {idx}, i32 0")
+            self.val[u] = self.op(f"getelementptr inbounds {mtype(u.dtype.base)}, ptr {self.get(src[0])}, i32 {idx}")
+        elif op is Ops.LOAD:
+            align = max(u.dtype.itemsize, 1)
+            value = self.op(f"load {mtype(u.dtype)}, ptr {self.get(src[0])}, align {align}")
+            if dtypes.is_bool(u.dtype):
+                value = self.op(f"icmp ne i8 {value}, 0")
+            if len(src) == 3:
+                value = self.op(
+                    f"select i1 {self.get(src[2])}, {ltype(u.dtype)} {value}, {ltype(u.dtype)} {self.get(src[1])}"
+                )
+            self.val[u] = value
+        elif op is Ops.STORE:
+            dtype = src[1].dtype
+            value = self.get(src[1])
+            if dtypes.is_bool(dtype):
+                value = self.op(f"zext i1 {value} to i8")
+            store = f"store {mtype(dtype)} {value}, ptr {self.get(src[0])}, align {max(dtype.itemsize, 1)}"
+            if len(src) == 3:
+                k = self.position[u]
+                self.emit(f"br i1 {self.get(src[2])}, label %store_{k}, label %stored_{k}")
+                self.label(f"store_{k}")
+                self.emit(store)
+                self.emit(f"br label %stored_{k}")
+                self.label(f"stored_{k}")
+            else:
+                self.emit(store)
+        elif op is Ops.CAST:
+            self.val[u] = self.cast(self.get(src[0]), src[0].dtype, u.dtype)
+        elif op is Ops.BITCAST:
+            for dt in (src[0].dtype, u.dtype):
+                if dt.scalar() in (dtypes.fp8e4m3, dtypes.fp8e5m2) or dtypes.is_bool(dt):
+                    raise NotImplementedError(f"the LLVM renderer can't bitcast {dt} yet")
+            st, dt = ltype(src[0].dtype), ltype(u.dtype)
+            self.val[u] = self.get(src[0]) if st == dt else self.op(f"bitcast {st} {self.get(src[0])} to {dt}")
+        elif op in GroupOp.ALU:
+            self.val[u] = self.alu(u)
+        elif op is Ops.SINK:
+            return
+        else:
+            raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
+
+    def source(self, name: str, attributes: str) -> str:
+        """The module text: the function `name` with function `attributes`, and the declarations it needs."""
+        head = f"define void @{name}({', '.join(self.params)}) #0 {{"
+        body = [head, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+        return "\n".join([*body, f"attributes #0 = {{ {attributes} }}", *sorted(self.declares), ""])
+
+
+def _index_math(uops: list[UOp]) -> set[UOp]:
+    """The integer ADD/MUL ops that compute addresses: they can't overflow for a valid element, so they get nsw."""
+    out: set[UOp] = set()
+    stack = [u.src[1] for u in uops if u.op is Ops.INDEX]
+    while stack:
+        u = stack.pop()
+        if u in out or u.op not in (Ops.ADD, Ops.MUL) or not dtypes.is_int(u.dtype):
+            continue
+        out.add(u)
+        stack.extend(u.src)
+    return out
+
+
+class LLVMRenderer(Renderer):
+    """Linear UOps to the text of one LLVM IR function `void @name(ptr %data0, ..., i32 %var)`, in LLVM's opaque
+    pointer dialect, with no target triple (the compiler sets it). Targets specialise `render_special` (hardware
+    indices), `function_attributes`, and the class limits."""
+
+    suffix = "LLVM"
+    supports_float4 = False
+    has_local = False
+    has_shared = False
+    function_attributes: ClassVar[str] = "nounwind"
+
+    def render_special(self, fn: LLVMFunction, u: UOp) -> str:
+        """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""
+        raise NotImplementedError(f"{type(self).__name__} has no hardware indices, can't render {u.arg[0]}")
+
+    def render(self, uops: list[UOp]) -> str:
+        """LLVM IR of the linear program `uops`."""
+        fn = LLVMFunction(self, uops)
+        for u in uops:
+            fn.render_uop(u)
+        return fn.source(kernel_function_name(uops), self.function_attributes)

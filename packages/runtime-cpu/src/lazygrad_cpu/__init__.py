@@ -1,0 +1,28 @@
+"""lazygrad's CPU device: kernels rendered as LLVM IR, compiled with llvmlite for the host CPU and its vector units,
+run through ctypes on host memory. The `lazygrad_cpu.plugin` module registers the `CPU` device.
+
+The classes are imported on first use, so that loading the plugin stays cheap and a broken llvmlite shows up as
+"CPU not usable" rather than as a plugin that fails to import."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "CPUAllocator": "lazygrad_cpu.allocator",
+    "CPUBuffer": "lazygrad_cpu.allocator",
+    "LLVMCompiler": "lazygrad_cpu.compiler",
+    "CPUProgram": "lazygrad_cpu.program",
+    "CPURenderer": "lazygrad_cpu.renderer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lazygrad_cpu' has no attribute {name!r}")

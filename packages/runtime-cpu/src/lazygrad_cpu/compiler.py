@@ -1,0 +1,70 @@
+"""Compiling LLVM IR for the host CPU with llvmlite: parse, verify, optimise at O3 for the host's CPU and vector
+features, and emit an object file, whose bytes are the cacheable binary."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import llvmlite.binding as llvm
+
+from lazygrad_uop.config import DEBUG
+from lazygrad_uop.device import CompileError, Compiler
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _init_llvm() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialized = True
+
+
+def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
+    """A target machine for this CPU, with every feature it has (AVX, AVX-512, NEON ...), for position
+    independent code."""
+    _init_llvm()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=opt, reloc="pic"
+    )
+
+
+class LLVMCompiler(Compiler):
+    """LLVM IR text to an object file for the host CPU. Binaries are cached per CPU and feature set, since code
+    using AVX-512 must not be loaded on a machine without it."""
+
+    def __init__(self, opt: int = 3) -> None:
+        self.opt = opt
+        self.target_machine = host_target_machine(opt)
+        features = llvm.get_host_cpu_features().flatten()
+        tag = hashlib.sha256(f"{llvm.llvm_version_info} {features}".encode()).hexdigest()[:16]
+        super().__init__(f"compile_cpu_llvm_{llvm.get_host_cpu_name()}_{tag}_O{opt}")
+
+    def optimized_module(self, src: str) -> llvm.ModuleRef:
+        """`src` parsed, verified and optimised for the host; raises CompileError with LLVM's message when the IR is
+        invalid."""
+        try:
+            mod = llvm.parse_assembly(src)
+            mod.verify()
+        except RuntimeError as exc:
+            raise CompileError(f"LLVM rejected the IR: {exc}\n{src}") from exc
+        tm = self.target_machine
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        tuning = llvm.create_pipeline_tuning_options(speed_level=self.opt)
+        tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_unrolling = self.opt >= 2
+        builder = llvm.create_pass_builder(tm, tuning)
+        builder.getModulePassManager().run(mod, builder)
+        return mod
+
+    def compile(self, src: str) -> bytes:
+        """Object code for `src`. `DEBUG>=7` prints its assembly."""
+        mod = self.optimized_module(src)
+        if DEBUG >= 7:
+            print(self.target_machine.emit_assembly(mod))
+        return self.target_machine.emit_object(mod)

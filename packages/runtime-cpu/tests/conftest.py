@@ -1,0 +1,102 @@
+"""Kernel ASTs built by hand (as the scheduler would emit them) and a runner that executes one on the CPU device
+through codegen, so tests can compare the result with numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lazygrad_codegen import ProgramSpec, get_program
+from lazygrad_cpu.plugin import open_cpu
+from lazygrad_uop.device import CompiledDevice
+from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Builders of kernel-AST nodes."""
+
+    @staticmethod
+    def buf(slot: int, dtype: DType, size: int) -> UOp:
+        return UOp(Ops.DEFINE_GLOBAL, dtype.ptr(size), arg=slot)
+
+    @staticmethod
+    def load(slot: int, dtype: DType, st: ShapeTracker, size: int | None = None) -> UOp:
+        size = st.real_size() if size is None else size
+        return UOp(Ops.LOAD, dtype, (Kernels.buf(slot, dtype, size), UOp(Ops.VIEW, arg=st)))
+
+    @staticmethod
+    def const(value: Any, dtype: DType, st: ShapeTracker) -> UOp:
+        return UOp(Ops.CONST, dtype, (UOp(Ops.VIEW, arg=st),), dtypes.as_const(value, dtype))
+
+    @staticmethod
+    def store(slot: int, value: UOp, st: ShapeTracker, size: int | None = None) -> UOp:
+        size = st.real_size() if size is None else size
+        return UOp(Ops.STORE, dtypes.void, (Kernels.buf(slot, value.dtype, size), UOp(Ops.VIEW, arg=st), value))
+
+    @staticmethod
+    def reduce(x: UOp, op: Ops, axes: tuple[int, ...]) -> UOp:
+        return UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes))
+
+    @staticmethod
+    def sink(*stores: UOp) -> UOp:
+        return UOp(Ops.SINK, dtypes.void, stores)
+
+    @staticmethod
+    def st(*shape: Any) -> ShapeTracker:
+        return ShapeTracker.from_shape(shape)
+
+
+@pytest.fixture
+def k() -> type[Kernels]:
+    return Kernels
+
+
+@pytest.fixture(scope="session")
+def cpu() -> CompiledDevice:
+    return open_cpu("CPU")
+
+
+def _buffers(ast: UOp) -> dict[int, UOp]:
+    return {u.arg: u for u in ast.toposort if u.op is Ops.DEFINE_GLOBAL}
+
+
+def run_kernel(
+    device: CompiledDevice, ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()
+) -> tuple[dict[int, np.ndarray], ProgramSpec]:
+    """Compile and run `ast` with `inputs` (slot -> array) and return every output slot's contents."""
+    spec = get_program(ast, device.renderer)
+    program = device.runtime(spec.name, device.compiler.compile(spec.src))
+    handles, outs = [], {}
+    for slot, buf in sorted(_buffers(ast).items()):
+        dtype = buf.dtype.base
+        nbytes = max(buf.dtype.size * dtype.itemsize, 1)
+        handle = device.allocator.alloc(nbytes)
+        if slot in inputs:
+            device.allocator.copyin(handle, memoryview(np.ascontiguousarray(inputs[slot])).cast("B"))
+        handles.append(handle)
+        if slot in spec.outs:
+            outs[slot] = (handle, buf.dtype.size, dtype)
+    program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals)
+    result = {}
+    for slot, (handle, size, dtype) in outs.items():
+        npdt = np.uint16 if dtype == dtypes.bfloat16 else to_numpy_dtype(dtype)
+        out = np.empty(size, dtype=npdt)
+        device.allocator.copyout(memoryview(out).cast("B"), handle)
+        result[slot] = out
+    return result, spec
+
+
+@pytest.fixture
+def run(cpu: CompiledDevice) -> Callable[..., dict[int, np.ndarray]]:
+    def go(ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()) -> dict[int, np.ndarray]:
+        return run_kernel(cpu, ast, inputs, vals)[0]
+
+    return go

@@ -1,0 +1,206 @@
+"""The CPU device's parts: the plugin and its place among devices, the allocator (alignment, zero-copy views,
+sub-buffers, reuse), the compiler (errors, caching key, vectorised output), the program runner, and DEBUG output."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import numpy as np
+import pytest
+
+import lazygrad_cpu
+from lazygrad_codegen import get_program
+from lazygrad_cpu import plugin
+from lazygrad_cpu.allocator import ALIGNMENT, CPUAllocator
+from lazygrad_cpu.compiler import LLVMCompiler
+from lazygrad_cpu.program import CPUProgram
+from lazygrad_uop.config import Context
+from lazygrad_uop.device import CompiledDevice, CompileError
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.plugins import DeviceSpec, hookimpl
+from lazygrad_uop.registry import DeviceRegistry
+
+# *** plugin ***
+
+
+class _FakeDevices:
+    """A GPU-like device (priority 100) and a reference device (priority 0) that never open."""
+
+    def __init__(self, gpu_usable: bool) -> None:
+        self.gpu_usable = gpu_usable
+
+    @hookimpl
+    def lazygrad_devices(self) -> list[DeviceSpec]:
+        def never(name: str) -> CompiledDevice:
+            raise AssertionError(f"{name} should not be opened")
+
+        gpu_reason = None if self.gpu_usable else "no GPU here"
+        return [
+            DeviceSpec("FAKEGPU", open=never, usable=lambda: gpu_reason, priority=100, package="fake"),
+            DeviceSpec("PYTHON", open=never, usable=lambda: None, priority=0, package="fake"),
+        ]
+
+
+def _registry(*plugins: object) -> DeviceRegistry:
+    reg = DeviceRegistry(group="lazygrad-tests-no-entry-points")
+    for p in plugins:
+        reg.register_plugin(p)
+    return reg
+
+
+def test_cpu_is_the_default_without_a_gpu_and_outranks_python() -> None:
+    reg = _registry(plugin, _FakeDevices(gpu_usable=False))
+    assert reg.DEFAULT == "CPU"
+    dev = reg["CPU"]
+    assert isinstance(dev, CompiledDevice)
+    assert type(dev.renderer).__name__ == "CPURenderer"
+    assert [r.name for r in reg.renderers("CPU")] == ["LLVM"]
+    assert reg.renderers("CPU")[0].default
+
+
+def test_a_usable_gpu_outranks_cpu() -> None:
+    assert _registry(plugin, _FakeDevices(gpu_usable=True)).DEFAULT == "FAKEGPU"
+
+
+def test_cpu_usable_and_named_renderer() -> None:
+    reg = _registry(plugin)
+    assert reg.usable("CPU") is None
+    assert reg["CPU:LLVM"] is reg["CPU"]
+
+
+def test_only_one_cpu_device() -> None:
+    with pytest.raises(ValueError, match="one CPU device"):
+        plugin.open_cpu("CPU:1")
+
+
+def test_package_exports_are_lazy() -> None:
+    assert lazygrad_cpu.CPUAllocator is CPUAllocator
+    with pytest.raises(AttributeError, match="no attribute"):
+        lazygrad_cpu.Nothing  # noqa: B018
+
+
+# *** allocator ***
+
+
+def test_alignment_and_as_buffer_is_the_memory_itself(cpu, run, k) -> None:
+    alloc: CPUAllocator = cpu.allocator
+    handle = alloc.alloc(40)
+    assert handle.addr % ALIGNMENT == 0
+    view = np.frombuffer(alloc._as_buffer(handle), dtype=np.float32)
+    assert view.shape == (10,)
+    # a kernel's write shows up in the numpy view without any copy
+    st = k.st(10)
+    spec = get_program(k.sink(k.store(0, k.const(3.5, dtypes.float32, st), st)), cpu.renderer)
+    CPUProgram(spec.name, cpu.compiler.compile(spec.src))(handle)
+    np.testing.assert_array_equal(view, 3.5)
+    # and a write through the view is what the device reads
+    view[:] = np.arange(10)
+    out = bytearray(40)
+    alloc.copyout(memoryview(out), handle)
+    np.testing.assert_array_equal(np.frombuffer(out, np.float32), np.arange(10))
+
+
+def test_copyin_from_read_only_memory_and_sub_buffers(cpu) -> None:
+    alloc: CPUAllocator = cpu.allocator
+    handle = alloc.alloc(16)
+    alloc.copyin(handle, memoryview(bytes(range(16))))
+    sub = alloc._offset(handle, 4, 8)
+    assert bytes(alloc._as_buffer(sub)) == bytes(range(8, 12))
+    alloc.copyin(sub, memoryview(b"\xff" * 4))
+    out = bytearray(16)
+    alloc.copyout(memoryview(out), handle)
+    assert out == bytes(range(8)) + b"\xff" * 4 + bytes(range(12, 16))
+    with pytest.raises(ValueError, match="doesn't fit"):
+        alloc._offset(handle, 8, 12)
+    with pytest.raises(ValueError, match="copyin of 20 bytes"):
+        alloc.copyin(handle, memoryview(bytes(20)))
+
+
+def test_freed_memory_is_reused_and_outlives_its_views() -> None:
+    alloc = CPUAllocator()
+    handle = alloc.alloc(4096)
+    view = alloc._as_buffer(handle)
+    view[:4] = b"abcd"
+    alloc.free(handle, 4096)
+    assert alloc.alloc(4096) is handle
+    alloc.free(handle, 4096)
+    alloc.free_cache()
+    del handle
+    gc.collect()
+    assert bytes(view[:4]) == b"abcd"  # the view keeps the memory mapped
+
+
+def test_new_memory_is_zeroed() -> None:
+    alloc = CPUAllocator()
+    assert not any(alloc._as_buffer(alloc.alloc(1000)))
+
+
+# *** compiler and program ***
+
+
+def test_invalid_ir_raises_compile_error() -> None:
+    with pytest.raises(CompileError, match="LLVM rejected"):
+        LLVMCompiler().compile("define void @f() { ret i32 0 }")
+
+
+def test_cache_key_names_the_host_cpu() -> None:
+    import llvmlite.binding as llvm
+
+    assert llvm.get_host_cpu_name() in LLVMCompiler().cachekey
+
+
+def _sum_kernel(k, n: int):
+    st = k.st(n)
+    x = k.load(1, dtypes.float32, st)
+    value = x * k.const(2.0, dtypes.float32, st) + k.const(1.0, dtypes.float32, st)
+    return k.sink(k.store(0, k.reduce(value, Ops.ADD, (0,)), k.st(1)))
+
+
+def test_sum_reduction_is_vectorised(cpu, k) -> None:
+    spec = get_program(_sum_kernel(k, 4096), cpu.renderer)
+    assert "fadd reassoc" in spec.src
+    optimized = str(cpu.compiler.optimized_module(spec.src))
+    assert re.search(r"<\d+ x float>", optimized), "LLVM did not vectorise the reduction"
+
+
+def test_fused_sum_matches_numpy(run, k) -> None:
+    x = np.random.default_rng(0).standard_normal(100_003).astype(np.float32)
+    out = run(_sum_kernel(k, x.size), {1: x})[0]
+    np.testing.assert_allclose(out[0], (x.astype(np.float64) * 2 + 1).sum(), rtol=1e-4)
+
+
+def test_program_runs_and_times(cpu, k) -> None:
+    spec = get_program(_sum_kernel(k, 64), cpu.renderer)
+    prg = CPUProgram(spec.name, cpu.compiler.compile(spec.src))
+    out, inp = cpu.allocator.alloc(4), cpu.allocator.alloc(256)
+    cpu.allocator.copyin(inp, memoryview(np.ones(64, np.float32)).cast("B"))
+    elapsed = prg(out, inp, wait=True)
+    assert isinstance(elapsed, float) and elapsed >= 0
+    assert prg(out, inp) is None
+    assert np.frombuffer(cpu.allocator._as_buffer(out), np.float32)[0] == 64 * 3
+    with pytest.raises(ValueError, match="global_size"):
+        prg(out, inp, global_size=(2, 1, 1))
+
+
+def test_program_with_missing_function_name(cpu, k) -> None:
+    spec = get_program(_sum_kernel(k, 8), cpu.renderer)
+    with pytest.raises(RuntimeError, match="no function"):
+        CPUProgram("not_" + spec.name, cpu.compiler.compile(spec.src))
+
+
+def test_debug_prints_source_and_uops(cpu, k, capsys) -> None:
+    ast = _sum_kernel(k, 16)
+    with Context(DEBUG=4):
+        spec = get_program(ast, cpu.renderer)
+    printed = capsys.readouterr().out
+    assert spec.src.strip() in printed
+    assert "define void @" in printed and "UOp(" not in printed
+    with Context(DEBUG=6):
+        get_program(ast, cpu.renderer)
+    printed = capsys.readouterr().out
+    assert "UOp(Ops.SINK" in printed and "RANGE" in printed and "DEFINE_ACC" in printed
+    with Context(DEBUG=7):
+        cpu.compiler.compile(spec.src)
+    assert spec.name in capsys.readouterr().out

@@ -1,0 +1,114 @@
+"""The parts of the PYTHON device: its renderer (linear UOps -> program text), compiler (program text -> a compact
+pickled instruction list), program (runs that list with the interpreter) and allocator (host memory)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any, ClassVar
+
+from lazygrad_python.interpreter import Interpreter
+from lazygrad_python.program_text import Instr, ProgramTextError, dtype_text, parse_dtype, parse_program, render_program
+from lazygrad_uop.device import BufferSpec, CompiledDevice, CompileError, Compiler, LRUAllocator, Program, Renderer
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+
+# Bumped whenever the pickled instruction format changes, so stale entries of the on-disk compiler cache are not read.
+LIB_FORMAT = 1
+
+
+class PythonRenderer(Renderer):
+    """Writes a linear program as PYTHON program text (see `lazygrad_python.program_text`)."""
+
+    device: ClassVar[str] = "PYTHON"
+    suffix: ClassVar[str] = "PYTHON"
+    # Loops rather than thread indices: one thread walks every output element, which is the fastest way to run a
+    # kernel in Python. The interpreter does run SPECIAL, DEFINE_LOCAL and BARRIER (tested with hand-built programs);
+    # letting codegen use them is a later issue, together with vectors and tensor cores.
+    has_local: ClassVar[bool] = False
+    has_shared: ClassVar[bool] = False
+    supports_float4: ClassVar[bool] = False
+
+    def render(self, uops: list[UOp]) -> str:
+        """The program text of `uops`."""
+        return render_program(uops)
+
+
+class PythonCompiler(Compiler):
+    """Parses program text into the instruction list a `PythonProgram` runs, pickled."""
+
+    def __init__(self) -> None:
+        super().__init__(f"compile_python_v{LIB_FORMAT}")
+
+    def compile(self, src: str) -> bytes:
+        """The pickled instructions of program text `src`; malformed text raises CompileError naming the line."""
+        try:
+            instrs = parse_program(src)
+        except ProgramTextError as exc:
+            raise CompileError(f"PYTHON program text: {exc}") from None
+        # plain tuples of names and literals: the lib never depends on lazygrad's classes pickling the same way
+        compact = tuple((x.op.name, dtype_text(x.dtype), x.src, x.arg) for x in instrs)
+        return pickle.dumps((LIB_FORMAT, compact), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_lib(lib: bytes) -> list[Instr]:
+    """The instructions a `PythonCompiler` pickled into `lib`."""
+    version, compact = pickle.loads(lib)  # libs come from PythonCompiler, like any device's binaries
+    if version != LIB_FORMAT:
+        raise ValueError(f"PYTHON lib of format {version}, this interpreter reads format {LIB_FORMAT}; recompile it")
+    return [Instr(Ops[op], parse_dtype(dt), tuple(src), arg) for op, dt, src, arg in compact]
+
+
+class PythonProgram(Program):
+    """A compiled PYTHON kernel: the interpreter, ready to run on buffer handles (memoryviews)."""
+
+    def __init__(self, name: str, lib: bytes) -> None:
+        super().__init__(name, lib)
+        self.interpreter = Interpreter(load_lib(lib))
+
+    def __call__(
+        self,
+        *bufs: Any,
+        global_size: tuple[int, int, int] = (1, 1, 1),
+        local_size: tuple[int, int, int] = (1, 1, 1),
+        vals: tuple[int, ...] = (),
+        wait: bool = False,
+    ) -> float | None:
+        """Run the kernel to completion (the device is synchronous); with `wait`, return how long it took."""
+        start = time.perf_counter()
+        self.interpreter(bufs, global_size, local_size, vals)
+        return time.perf_counter() - start if wait else None
+
+
+class PythonAllocator(LRUAllocator):
+    """Host memory: each allocation is a memoryview of a bytearray, which is also what kernels receive."""
+
+    def _alloc(self, size: int, options: BufferSpec) -> memoryview:
+        return memoryview(bytearray(size))
+
+    def _free(self, handle: memoryview, options: BufferSpec) -> None:
+        # Nothing to give back: the bytearray goes when the last view of it (sub-buffers included) is dropped.
+        return None
+
+    def _copyin(self, dest: memoryview, src: memoryview) -> None:
+        dest[: src.nbytes] = src
+
+    def _copyout(self, dest: memoryview, src: memoryview) -> None:
+        dest[:] = src[: dest.nbytes]
+
+    def _offset(self, handle: memoryview, size: int, offset: int) -> memoryview:
+        return handle[offset : offset + size]
+
+    def _transfer(
+        self, dest: memoryview, src: memoryview, size: int, src_device: CompiledDevice, dest_device: CompiledDevice
+    ) -> None:
+        dest[:size] = src[:size]
+
+    def _as_buffer(self, handle: memoryview) -> memoryview:
+        """The handle's bytes, shared rather than copied: PYTHON memory is host memory already."""
+        return handle
+
+
+def open_python(name: str) -> CompiledDevice:
+    """Open the PYTHON device `name` ("PYTHON", "PYTHON:1"); every index is an independent interpreter."""
+    return CompiledDevice(name, PythonAllocator(), PythonRenderer(), PythonCompiler(), PythonProgram)

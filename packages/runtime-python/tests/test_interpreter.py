@@ -1,0 +1,235 @@
+"""Hand-built linear programs (in the format of packages/codegen/CONTRACT.md) run by the interpreter, checked
+against numpy: elementwise kernels, loops and accumulators, gated memory access, variables, vectors, and warps of
+threads with local memory and barriers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyinterp_helpers import compile_program, const, elementwise, end, glob, index, load, program, rng, run, store
+
+from lazygrad_python import Interpreter, InterpreterError, parse_program, render_program
+from lazygrad_uop import Ops, UOp, dtypes
+
+RNG = np.random.default_rng(0)
+
+
+def i32(v: int) -> UOp:
+    return const(dtypes.int32, v)
+
+
+def test_elementwise_add_rounds_to_float32() -> None:
+    a, b = RNG.standard_normal(64).astype(np.float32), RNG.standard_normal(64).astype(np.float32)
+    (out, _, _) = run(elementwise(Ops.ADD, dtypes.float32, [dtypes.float32] * 2, 64), np.zeros(64, np.float32), a, b)
+    np.testing.assert_array_equal(out, a + b)
+
+
+def test_nested_loops_with_strided_index_transpose() -> None:
+    x = RNG.standard_normal((5, 7)).astype(np.float32)
+    out, inp = glob(0, dtypes.float32, 35), glob(1, dtypes.float32, 35)
+    r0, r1 = rng(5, 0), rng(7, 1)
+    body = store(out, r1 * 5 + r0, load(inp, r0 * 7 + r1))
+    (res, _) = run(program(r0, r1, body, end(r1), end(r0)), np.zeros(35, np.float32), x.ravel())
+    np.testing.assert_array_equal(res.reshape(7, 5), x.T)
+
+
+def test_reduce_with_accumulator_per_row() -> None:
+    x = RNG.standard_normal((6, 9)).astype(np.float32)
+    out, inp = glob(0, dtypes.float32, 6), glob(1, dtypes.float32, 54)
+    r0, r1 = rng(6, 0), rng(9, 1)
+    acc = UOp(Ops.DEFINE_ACC, dtypes.float32, (const(dtypes.float32, 0.0), r1), arg=(0,))
+    upd = UOp(Ops.ASSIGN, dtypes.float32, (acc, acc + load(inp, r0 * 9 + r1)))
+    uops = program(r0, acc, r1, upd, end(r1), store(out, r0, upd), end(r0))
+    # the accumulator is declared inside the row loop and before the reduce loop: reset once per row
+    assert uops.index(r0) < uops.index(acc) < uops.index(r1)
+    (res, _) = run(uops, np.zeros(6, np.float32), x.ravel())
+    ref = np.zeros(6, np.float32)
+    for j in range(9):  # the same order of float32 additions
+        ref = ref + x[:, j]
+    np.testing.assert_array_equal(res, ref)
+
+
+def test_matmul_with_max_accumulator_and_variable_size() -> None:
+    n = UOp.variable("n", 1, 8)
+    a = RNG.standard_normal((4, 8)).astype(np.float32)
+    b = RNG.standard_normal((8, 3)).astype(np.float32)
+    out, ga, gb = glob(0, dtypes.float32, 12), glob(1, dtypes.float32, 32), glob(2, dtypes.float32, 24)
+    ri, rj, rk = rng(4, 0), rng(3, 1), UOp.range(n, 2)
+    acc = UOp(Ops.DEFINE_ACC, dtypes.float32, (const(dtypes.float32, 0.0), rk), arg=(0,))
+    mx = UOp(Ops.DEFINE_ACC, dtypes.float32, (const(dtypes.float32, -np.inf), rk), arg=(1,))
+    prod = load(ga, ri * 8 + rk) * load(gb, rk * 3 + rj)
+    upd = UOp(Ops.ASSIGN, dtypes.float32, (acc, acc + prod))
+    upd_mx = UOp(Ops.ASSIGN, dtypes.float32, (mx, mx.maximum(prod)))
+    both = store(out, ri * 3 + rj, upd + upd_mx)
+    uops = program(n, ri, rj, acc, mx, rk, upd, upd_mx, end(rk), both, end(rj), end(ri))
+    prg = compile_program(uops)
+    for k in (8, 5, 1):
+        (res, _, _) = run(prg, np.zeros(12, np.float32), a.ravel(), b.ravel(), vals=(k,))
+        terms = a[:, None, :k] * b.T[None, :, :k]
+        ref = np.zeros((4, 3), np.float32)
+        for t in range(k):
+            ref = ref + terms[..., t]
+        np.testing.assert_array_equal(res.reshape(4, 3), ref + terms.max(-1))
+    with pytest.raises(ValueError, match="outside its bounds"):
+        run(prg, np.zeros(12, np.float32), a.ravel(), b.ravel(), vals=(9,))
+
+
+def test_zero_trip_loop_leaves_the_accumulator_at_its_initial_value() -> None:
+    n = UOp.variable("n", 0, 4)
+    out, inp = glob(0, dtypes.int32, 1), glob(1, dtypes.int32, 4)
+    r = UOp.range(n, 0)
+    acc = UOp(Ops.DEFINE_ACC, dtypes.int32, (i32(7), r), arg=(0,))
+    upd = UOp(Ops.ASSIGN, dtypes.int32, (acc, acc + load(inp, r)))
+    uops = program(n, acc, r, upd, end(r), store(out, i32(0), upd))
+    data = np.array([1, 2, 3, 4], np.int32)
+    assert run(uops, np.zeros(1, np.int32), data, vals=(0,))[0][0] == 7
+    assert run(uops, np.zeros(1, np.int32), data, vals=(3,))[0][0] == 13
+
+
+def test_gated_load_store_and_index_valid_pad_and_shift() -> None:
+    # out[i] = in[i-2] for 2 <= i < 10 (else -1 from the gated load's alt); only even i are stored, plus a padded
+    # read through INDEX valid, which loads 0 when invalid
+    x = np.arange(1, 9, dtype=np.int32)
+    out, pad, inp = glob(0, dtypes.int32, 12), glob(1, dtypes.int32, 12), glob(2, dtypes.int32, 8)
+    r = rng(12)
+    inside = (r < 10).alu(Ops.AND, (r < 2).logical_not())
+    shifted = UOp(Ops.LOAD, dtypes.int32, (index(inp, r - 2), i32(-1), inside))
+    even = (r % 2).ne(1)
+    padded = UOp(Ops.LOAD, dtypes.int32, (index(inp, r - 2, inside),))
+    uops = program(r, store(out, r, shifted, even), store(pad, r, padded), end(r))
+    res, padres, _ = run(uops, np.full(12, 99, np.int32), np.full(12, 99, np.int32), x)
+    ref = np.full(12, 99, np.int32)
+    ref[0] = -1
+    ref[2:10:2] = x[0:8:2]
+    ref[10] = -1
+    np.testing.assert_array_equal(res, ref)
+    np.testing.assert_array_equal(padres, np.concatenate([[0, 0], x, [0, 0]]))
+
+
+def test_store_through_invalid_index_is_skipped() -> None:
+    out = glob(0, dtypes.float32, 4)
+    r = rng(8)
+    uops = program(r, UOp(Ops.STORE, dtypes.void, (index(out, r, r < 4), r.cast(dtypes.float32))), end(r))
+    np.testing.assert_array_equal(run(uops, np.full(4, -1, np.float32))[0], [0, 1, 2, 3])
+
+
+def test_if_endif_skips_the_block() -> None:
+    out = glob(0, dtypes.int32, 6)
+    r = rng(6)
+    gate = UOp(Ops.IF, dtypes.void, ((r % 3).ne(0),))
+    st = store(out, r, r * r)
+    uops = program(r, gate, st, UOp(Ops.ENDIF, dtypes.void, (gate,)), end(r))
+    np.testing.assert_array_equal(run(uops, np.full(6, -1, np.int32))[0], [-1, 1, 4, -1, 16, 25])
+
+
+def test_vectorize_gep_and_vector_loads_and_stores() -> None:
+    x = RNG.standard_normal(8).astype(np.float32)
+    out, inp = glob(0, dtypes.float32, 8), glob(1, dtypes.float32, 8)
+    r = rng(2)
+    base = r * 4
+    vec = load(inp, base, dtypes.float32.vec(4))
+    rev = UOp(Ops.GEP, dtypes.float32.vec(4), (vec,), arg=(3, 2, 1, 0))
+    doubled = rev + rev
+    lane0 = UOp(Ops.GEP, dtypes.float32, (doubled,), arg=(0,))
+    again = UOp(
+        Ops.VECTORIZE,
+        dtypes.float32.vec(4),
+        tuple(UOp(Ops.GEP, dtypes.float32, (doubled,), arg=(k,)) for k in range(4)),
+    )
+    summed = again + UOp(Ops.VECTORIZE, dtypes.float32.vec(4), (lane0,) * 4)
+    (res, _) = run(program(r, store(out, base, summed), end(r)), np.zeros(8, np.float32), x)
+    ref = np.concatenate([2 * x[3::-1] + 2 * x[3], 2 * x[7:3:-1] + 2 * x[7]])
+    np.testing.assert_array_equal(res, ref)
+
+
+# *** warps: SPECIAL thread indices, local memory, barriers ***
+
+
+@pytest.mark.parametrize("warp_size", [32, 4, 3, 1])
+def test_workgroups_reverse_tiles_through_local_memory(warp_size: int) -> None:
+    # 3 workgroups of 16 threads; each writes its element to local memory, waits at the barrier, then reads the
+    # element of its mirror thread: a tile reversal that needs every warp's writes before any read
+    tile, groups = 16, 3
+    x = np.arange(tile * groups, dtype=np.float32) * 1.5
+    out, inp = glob(0, dtypes.float32, tile * groups), glob(1, dtypes.float32, tile * groups)
+    gid, lid = UOp.special(groups, "gidx0"), UOp.special(tile, "lidx0")
+    lmem = UOp(Ops.DEFINE_LOCAL, dtypes.float32.ptr(tile, local=True), arg="temp")
+    put = store(lmem, lid, load(inp, gid * tile + lid))
+    barrier = UOp(Ops.BARRIER, dtypes.void, (put,))
+    got = UOp(Ops.LOAD, dtypes.float32, (index(lmem, (tile - 1) - lid), barrier))
+    uops = program(out, inp, lmem, gid, lid, put, barrier, store(out, gid * tile + lid, got))
+    prg = Interpreter(parse_program(render_program(uops)), warp_size=warp_size)
+    bufs = [memoryview(bytearray(tile * groups * 4)), memoryview(bytearray(x.tobytes()))]
+    prg(bufs, global_size=(groups, 1, 1), local_size=(tile, 1, 1))
+    np.testing.assert_array_equal(np.frombuffer(bytes(bufs[0]), np.float32), x.reshape(groups, tile)[:, ::-1].ravel())
+
+
+def test_two_dimensional_specials_number_threads_x_fastest() -> None:
+    out = glob(0, dtypes.int32, 2 * 3 * 4)
+    gx, lx, ly = UOp.special(2, "gidx0"), UOp.special(3, "lidx0"), UOp.special(4, "lidx1")
+    uops = program(store(out, gx * 12 + ly * 3 + lx, gx * 100 + ly * 10 + lx))
+    prg = Interpreter(parse_program(render_program(uops)), warp_size=5)
+    buf = memoryview(bytearray(24 * 4))
+    prg([buf], global_size=(2, 1, 1), local_size=(3, 4, 1))
+    ref = [g * 100 + y * 10 + x for g in range(2) for y in range(4) for x in range(3)]
+    assert np.frombuffer(bytes(buf), np.int32).tolist() == ref
+
+
+def test_divergent_loop_and_if_inside_a_warp() -> None:
+    # thread t sums 0..t-1 (a trip count that differs per thread), only odd threads store
+    out = glob(0, dtypes.int32, 8)
+    lid = UOp.special(8, "lidx0")
+    r = UOp.range(lid, 0)
+    acc = UOp(Ops.DEFINE_ACC, dtypes.int32, (i32(0), r), arg=(0,))
+    upd = UOp(Ops.ASSIGN, dtypes.int32, (acc, acc + r))
+    gate = UOp(Ops.IF, dtypes.void, ((lid % 2).ne(0),))
+    uops = program(acc, r, upd, end(r), gate, store(out, lid, upd), UOp(Ops.ENDIF, dtypes.void, (gate,)))
+    (res,) = run(uops, np.full(8, -1, np.int32), local_size=(8, 1, 1))
+    np.testing.assert_array_equal(res, [-1 if t % 2 == 0 else t * (t - 1) // 2 for t in range(8)])
+
+
+def test_a_barrier_not_every_warp_reaches_is_an_error() -> None:
+    lid = UOp.special(8, "lidx0")
+    gate = UOp(Ops.IF, dtypes.void, (lid < 4,))
+    barrier = UOp(Ops.BARRIER, dtypes.void, ())
+    uops = program(gate, barrier, UOp(Ops.ENDIF, dtypes.void, (gate,)))
+    prg = Interpreter(parse_program(render_program(uops)), warp_size=4)
+    with pytest.raises(InterpreterError, match="BARRIER was reached by 1 of the 2"):
+        prg([], local_size=(8, 1, 1))
+
+
+def test_special_size_must_match_the_launch() -> None:
+    out = glob(0, dtypes.int32, 4)
+    uops = program(store(out, UOp.special(4, "gidx0"), i32(1)))
+    with pytest.raises(ValueError, match="gidx0 has size 4 but the launch has 2"):
+        run(uops, np.zeros(4, np.int32), global_size=(2, 1, 1))
+
+
+# *** errors ***
+
+
+def test_out_of_bounds_access_names_the_instruction() -> None:
+    out = glob(0, dtypes.float32, 4)
+    r = rng(5)
+    with pytest.raises(InterpreterError, match=r"instruction \d+ \(STORE"):
+        run(program(r, store(out, r, const(dtypes.float32, 1.0)), end(r)), np.zeros(4, np.float32))
+    r2 = rng(2)
+    with pytest.raises(InterpreterError, match="negative element index -1"):
+        run(program(r2, store(out, r2, load(out, r2 - 1)), end(r2)), np.zeros(4, np.float32))
+
+
+def test_wmma_and_unknown_specials_are_not_implemented() -> None:
+    a = const(dtypes.half.vec(2), (1.0, 2.0))
+    wmma = UOp(Ops.WMMA, dtypes.float.vec(2), (a, a, const(dtypes.float.vec(2), (0.0, 0.0))), arg=("WMMA_x", (1, 1, 1)))
+    with pytest.raises(NotImplementedError, match="issue 5"):
+        compile_program(program(wmma))
+    with pytest.raises(NotImplementedError, match="gidx0-2 and lidx0-2"):
+        compile_program(program(store(glob(0, dtypes.int32, 1), UOp.special(1, "idx0"), i32(0))))
+
+
+def test_wrong_number_of_buffers_or_values() -> None:
+    prg = compile_program(elementwise(Ops.NEG, dtypes.int32, [dtypes.int32], 4))
+    with pytest.raises(ValueError, match="takes 2 buffers, got 1"):
+        prg(memoryview(bytearray(16)))
+    with pytest.raises(ValueError, match="takes 0 variable values, got 1"):
+        prg(memoryview(bytearray(16)), memoryview(bytearray(16)), vals=(3,))

@@ -1,0 +1,8 @@
+"""The package installs and imports on its own."""
+
+import importlib
+
+
+def test_imports() -> None:
+    module = importlib.import_module("lazygrad_python")
+    assert module.__doc__

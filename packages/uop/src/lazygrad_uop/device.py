@@ -1,0 +1,390 @@
+"""The device interfaces every backend implements: memory (`Allocator`, `Buffer`), compilation (`Compiler`),
+execution (`Program`), code generation targets (`Renderer`, `TensorCore`) and the bundle of them (`CompiledDevice`).
+
+A device package subclasses these and hands a `CompiledDevice` to the registry through its plugin hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lazygrad_uop.config import DISABLE_COMPILER_CACHE
+from lazygrad_uop.diskcache import diskcache_get, diskcache_put
+from lazygrad_uop.dtype import DType
+
+if TYPE_CHECKING:
+    from lazygrad_uop.uop import UOp
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """How a buffer's memory is allocated. The defaults are ordinary device memory, recycled through the LRU cache.
+
+    uncached: memory the device must not cache (e.g. for buffers shared with another agent).
+    cpu_access: memory the host can map and read directly.
+    host: memory that lives on the host (pinned staging memory for transfers).
+    nolru: when freed, return the memory to the device at once instead of keeping it for reuse.
+    """
+
+    uncached: bool = False
+    cpu_access: bool = False
+    host: bool = False
+    nolru: bool = False
+
+
+class Allocator(abc.ABC):
+    """Device memory. Subclasses implement the underscored primitives; callers use the public methods, which check
+    their arguments so that a backend never sees a nonsense size.
+
+    A handle is whatever the backend uses to name an allocation (a pointer, a driver object, a bytearray).
+    """
+
+    def alloc(self, size: int, options: BufferSpec | None = None) -> Any:
+        """Allocate `size` bytes and return the backend's handle for them."""
+        return self._alloc(_check_size(size), options if options is not None else BufferSpec())
+
+    def free(self, handle: Any, size: int, options: BufferSpec | None = None) -> None:
+        """Give back memory that `alloc(size, options)` returned."""
+        self._free(handle, options if options is not None else BufferSpec())
+
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        """Copy the bytes of host memory `src` into device memory `dest`."""
+        self._copyin(dest, _as_bytes(src, "copyin source"))
+
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        """Copy device memory `src` into the writable host memory `dest`, which fixes how many bytes are copied."""
+        view = _as_bytes(dest, "copyout destination")
+        if view.readonly:
+            raise ValueError("copyout destination is read-only; pass a writable memoryview (e.g. of a bytearray)")
+        self._copyout(view, src)
+
+    @abc.abstractmethod
+    def _alloc(self, size: int, options: BufferSpec) -> Any: ...
+
+    @abc.abstractmethod
+    def _free(self, handle: Any, options: BufferSpec) -> None: ...
+
+    @abc.abstractmethod
+    def _copyin(self, dest: Any, src: memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def _copyout(self, dest: memoryview, src: Any) -> None: ...
+
+    def _transfer(
+        self, dest: Any, src: Any, size: int, src_device: CompiledDevice, dest_device: CompiledDevice
+    ) -> None:
+        """Copy `size` bytes between two devices of this kind without going through the host (optional)."""
+        raise NotImplementedError(f"{type(self).__name__} can't transfer between devices; copy through the host")
+
+    def _offset(self, handle: Any, size: int, offset: int) -> Any:
+        """A handle for the `size` bytes at byte `offset` of `handle`, sharing its memory (optional)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support sub-buffers (views with an offset)")
+
+
+class LRUAllocator(Allocator):
+    """An allocator that keeps freed memory to hand out again for the next allocation of the same size and options,
+    since asking a device driver for memory is slow. When an allocation fails for lack of memory, the kept memory is
+    released and the allocation is tried once more.
+    """
+
+    # Backends whose driver reports exhaustion with another exception extend this.
+    oom_errors: ClassVar[tuple[type[BaseException], ...]] = (MemoryError,)
+
+    def __init__(self) -> None:
+        self.cache: defaultdict[tuple[int, BufferSpec], list[Any]] = defaultdict(list)
+
+    def alloc(self, size: int, options: BufferSpec | None = None) -> Any:
+        """Allocate `size` bytes, reusing freed memory of the same size and options when there is some."""
+        size, options = _check_size(size), options if options is not None else BufferSpec()
+        if kept := self.cache.get((size, options)):
+            return kept.pop()
+        try:
+            return self._alloc(size, options)
+        except self.oom_errors:
+            self.free_cache()
+            return self._alloc(size, options)
+
+    def free(self, handle: Any, size: int, options: BufferSpec | None = None) -> None:
+        """Keep `handle` for reuse, or give it back to the device at once if its options say `nolru`."""
+        options = options if options is not None else BufferSpec()
+        if options.nolru:
+            self._free(handle, options)
+        else:
+            self.cache[(size, options)].append(handle)
+
+    def free_cache(self) -> None:
+        """Give every kept allocation back to the device."""
+        for (_, options), handles in self.cache.items():
+            for handle in handles:
+                self._free(handle, options)
+        self.cache.clear()
+
+
+def _check_size(size: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"allocation size must be a positive number of bytes, got {size!r}")
+    return size
+
+
+def _as_bytes(mem: memoryview | bytes | bytearray, what: str) -> memoryview:
+    view = memoryview(mem)
+    if not view.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous memory")
+    # A flat byte view, so that backends only ever see byte counts, whatever format the caller's memory had.
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class Buffer:
+    """`size` elements of `dtype` on a device, or a view of part of another buffer (`base`, at byte `offset`).
+
+    Memory is obtained lazily with `allocate()` from the device's allocator and returned to it (usually to its LRU
+    cache) by `deallocate()` or when the buffer is garbage collected.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        size: int,
+        dtype: DType,
+        options: BufferSpec | None = None,
+        base: Buffer | None = None,
+        offset: int = 0,
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"buffer size must be a non-negative number of elements, got {size!r}")
+        self.device, self.size, self.dtype = device, size, dtype
+        self.options = options if options is not None else BufferSpec()
+        self.base, self.offset = base, offset
+        if base is not None:
+            if base.base is not None:
+                raise ValueError("a buffer view's base must be a buffer, not another view; use the view's base")
+            if base.device != device:
+                raise ValueError(f"a view on {device} can't have its base on {base.device}")
+            if offset < 0 or offset + self.nbytes > base.nbytes:
+                raise ValueError(
+                    f"view of {self.nbytes} bytes at offset {offset} doesn't fit in its base of {base.nbytes} bytes"
+                )
+        elif offset != 0:
+            raise ValueError("only a view (a buffer with a base) can have an offset")
+        self._handle: Any = None
+        self._owned = False
+        self.allocator: Allocator | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the buffer in bytes."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_allocated(self) -> bool:
+        """Whether the buffer has device memory."""
+        return self._handle is not None
+
+    @property
+    def handle(self) -> Any:
+        """The allocator's handle for this buffer's memory."""
+        if self._handle is None:
+            raise RuntimeError(f"{self!r} is not allocated; call allocate() first")
+        return self._handle
+
+    def allocate(self, opaque: Any = None) -> Buffer:
+        """Give the buffer device memory: `opaque`, an existing handle the caller keeps ownership of, or a new
+        allocation. A view allocates its base first and takes a handle to its part of it."""
+        if self._handle is not None:
+            raise RuntimeError(f"{self!r} is already allocated")
+        from lazygrad_uop.registry import Device  # the registry imports this module
+
+        self.allocator = Device[self.device].allocator
+        if self.base is not None:
+            if not self.base.is_allocated:
+                self.base.allocate()
+            self._handle = self.allocator._offset(self.base.handle, self.nbytes, self.offset)
+        elif opaque is not None:
+            self._handle = opaque
+        else:
+            # An empty buffer still gets a real (one byte) allocation, so every allocated buffer has a valid handle.
+            self._handle, self._owned = self.allocator.alloc(max(self.nbytes, 1), self.options), True
+        return self
+
+    def deallocate(self) -> None:
+        """Give the buffer's memory back to its allocator (if it allocated it) and forget it."""
+        if self._handle is None:
+            raise RuntimeError(f"{self!r} is not allocated")
+        if self._owned:
+            assert self.allocator is not None
+            self.allocator.free(self._handle, max(self.nbytes, 1), self.options)
+        self._handle, self._owned = None, False
+
+    def __del__(self) -> None:
+        if getattr(self, "_owned", False):
+            self.deallocate()
+
+    def copyin(self, src: memoryview) -> Buffer:
+        """Fill the buffer from host memory of exactly `nbytes` bytes."""
+        view = _as_bytes(src, "copyin source")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyin of {view.nbytes} bytes into {self!r}, which holds {self.nbytes} bytes")
+        if self.nbytes:
+            self._allocator_for_copy().copyin(self.handle, view)
+        return self
+
+    def copyout(self, dest: memoryview) -> memoryview:
+        """Copy the buffer into writable host memory of exactly `nbytes` bytes and return that memory."""
+        view = _as_bytes(dest, "copyout destination")
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"copyout of {self!r}, which holds {self.nbytes} bytes, into {view.nbytes} bytes")
+        if self.nbytes:
+            self._allocator_for_copy().copyout(view, self.handle)
+        return dest
+
+    def _allocator_for_copy(self) -> Allocator:
+        if self.allocator is None or self._handle is None:
+            raise RuntimeError(f"{self!r} is not allocated; call allocate() first")
+        return self.allocator
+
+    def __repr__(self) -> str:
+        view = f" view of {self.base!r} at byte {self.offset}" if self.base is not None else ""
+        return f"<Buffer {self.device} {self.size} x {self.dtype!r}{view}>"
+
+
+class Compiler(abc.ABC):
+    """Turns rendered source into a binary the device's `Program` can load.
+
+    `cachekey` names the compiler and target (e.g. "compile_cuda_sm_80"); binaries are cached on disk under it.
+    None disables caching, for compilers whose output depends on more than the source.
+    """
+
+    def __init__(self, cachekey: str | None = None) -> None:
+        self.cachekey = cachekey
+
+    @abc.abstractmethod
+    def compile(self, src: str) -> bytes:
+        """Compile `src` to a binary. Raise `CompileError` with the compiler's message when it fails."""
+
+    def compile_cached(self, src: str) -> bytes:
+        """`compile(src)`, through the on-disk cache unless `DISABLE_COMPILER_CACHE` is set."""
+        if self.cachekey is None or DISABLE_COMPILER_CACHE.value:
+            return self.compile(src)
+        key = (self.cachekey, src)
+        if (lib := diskcache_get("compiler", key)) is not None:
+            return lib
+        lib = self.compile(src)
+        diskcache_put("compiler", key, lib)
+        return lib
+
+
+class CompileError(RuntimeError):
+    """A compiler rejected the source it was given; the message holds the compiler's diagnostics."""
+
+
+class Program(abc.ABC):
+    """A compiled kernel, loaded and ready to run. `lib` is what the device's `Compiler` produced."""
+
+    def __init__(self, name: str, lib: bytes) -> None:
+        self.name, self.lib = name, lib
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        *bufs: Any,
+        global_size: tuple[int, int, int] = (1, 1, 1),
+        local_size: tuple[int, int, int] = (1, 1, 1),
+        vals: tuple[int, ...] = (),
+        wait: bool = False,
+    ) -> float | None:
+        """Run the kernel on buffer handles `bufs` with symbolic variable values `vals`. With `wait`, block until it
+        finishes and return its run time in seconds; without, return None."""
+
+
+class Renderer(abc.ABC):
+    """Turns a linear program of UOps into source for one target, and describes that target's limits.
+
+    Subclasses set the class attributes: `device` (the device name), `suffix` (names kernels' source, e.g. "CUDA"),
+    whether float4 vectors, local (workgroup) dimensions and shared memory exist, the maximum global and local sizes
+    per dimension (None: unlimited), the bytes of shared memory, and the tensor cores it can use.
+    """
+
+    device: ClassVar[str] = ""
+    suffix: ClassVar[str] = ""
+    supports_float4: ClassVar[bool] = True
+    has_local: ClassVar[bool] = True
+    has_shared: ClassVar[bool] = True
+    global_max: ClassVar[tuple[int, ...] | None] = None
+    local_max: ClassVar[tuple[int, ...] | None] = None
+    shared_max: ClassVar[int] = 32768
+    # A tuple rather than a list so that subclasses can't mutate a default they share.
+    tensor_cores: Sequence[TensorCore] = ()
+
+    @abc.abstractmethod
+    def render(self, uops: list[UOp]) -> str:
+        """The source of the kernel whose linear program is `uops`."""
+
+
+@dataclass(frozen=True)
+class TensorCore:
+    """A matrix-multiply-accumulate instruction, C (M x N) += A (M x K) @ B (K x N), executed by `threads` threads
+    together, each holding `elements_per_thread` elements of A, B and C.
+
+    `opts` are the local ("l<axis>") and upcast ("u<axis>") steps that build the thread layout from the N (axis 0)
+    and M (axis 1) dimensions; `swizzle` says how elements of A, B and C map to threads and registers, as a plain
+    tuple description that the code generator interprets.
+    """
+
+    dims: tuple[int, int, int]  # (N, M, K)
+    threads: int
+    elements_per_thread: tuple[int, int, int]  # (A, B, C)
+    dtype_in: DType
+    dtype_out: DType
+    opts: tuple[str, ...]
+    swizzle: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dims) != 3 or any(not isinstance(d, int) or d <= 0 for d in self.dims):
+            raise ValueError(f"tensor core dims must be three positive ints (N, M, K), got {self.dims!r}")
+        if self.threads <= 0:
+            raise ValueError(f"tensor core threads must be positive, got {self.threads}")
+        if len(self.elements_per_thread) != 3:
+            raise ValueError(f"elements_per_thread must be (A, B, C), got {self.elements_per_thread!r}")
+        n, m, k = self.dims
+        for operand, elements, per_thread in zip("ABC", (m * k, k * n, m * n), self.elements_per_thread, strict=True):
+            if elements != self.threads * per_thread:
+                raise ValueError(
+                    f"tensor core {self}: {operand} has {elements} elements but {self.threads} threads x "
+                    f"{per_thread} elements per thread hold {self.threads * per_thread}"
+                )
+
+    def __str__(self) -> str:
+        return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, self.dtype_out.name])
+
+
+class CompiledDevice:
+    """An opened device: the allocator, renderer, compiler and program type that run kernels on it, and optionally
+    a graph type that runs a list of kernels as one unit. `Device["NAME"]` returns one of these."""
+
+    def __init__(
+        self,
+        device: str,
+        allocator: Allocator,
+        renderer: Renderer,
+        compiler: Compiler,
+        runtime: type[Program],
+        graph: type | None = None,
+    ) -> None:
+        self.device, self.allocator, self.renderer, self.compiler = device, allocator, renderer, compiler
+        self.runtime, self.graph = runtime, graph
+
+    def use_renderer(self, renderer: Renderer) -> None:
+        """Render this device's kernels with `renderer` from now on. Devices whose compiler depends on the renderer
+        (e.g. PTX needs an assembler rather than a C++ compiler) override this to switch the compiler too."""
+        self.renderer = renderer
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on the device. Devices that run asynchronously override this; for a
+        synchronous device there is nothing to wait for."""
+
+    def __repr__(self) -> str:
+        return f"<CompiledDevice {self.device} renderer={type(self.renderer).__name__}>"

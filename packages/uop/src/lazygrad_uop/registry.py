@@ -1,0 +1,345 @@
+"""The device registry: finds plugins through the `lazygrad` entry-point group and opens devices by name.
+
+    from lazygrad_uop.registry import Device
+    Device["CPU"]        # the first CPU device, opened once and kept
+    Device["cuda:1"]     # names are case-insensitive; "CUDA:0" is "CUDA"
+    Device["CUDA:PTX"]   # the CUDA device, rendering with the renderer named PTX
+    Device.DEFAULT       # DEV if set, else the highest-priority usable device
+
+Nothing is imported until the registry is first asked a question, and a plugin that fails to import is reported
+once with a `LazygradPluginWarning` and skipped, so one broken plugin never hides the others.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from lazygrad_uop.config import DEV
+from lazygrad_uop.device import CompiledDevice, TensorCore
+from lazygrad_uop.plugins import NAME_PATTERN, PROJECT, DeviceSpec, LazygradSpec, RendererSpec, TensorCoreSpec
+
+# The distribution that provides each device lazygrad's authors ship, for "install this" hints.
+WELL_KNOWN_DEVICES = {
+    "CPU": "lazygrad-runtime-cpu",
+    "CUDA": "lazygrad-runtime-cuda",
+    "AMD": "lazygrad-runtime-amd",
+    "METAL": "lazygrad-runtime-metal",
+    "PYTHON": "lazygrad-runtime-python",
+}
+
+
+class LazygradPluginWarning(UserWarning):
+    """A plugin failed (to import, or in one of its hooks) and was skipped; the other plugins still work."""
+
+
+class DeviceNameError(ValueError):
+    """A device name that can't be parsed: it must be NAME, NAME:INDEX, NAME:RENDERER or NAME:INDEX:RENDERER."""
+
+
+class UnknownDeviceError(KeyError):
+    """No installed plugin provides the device (or the renderer) asked for."""
+
+    def __str__(self) -> str:
+        # KeyError would show the message quoted, as if it were a key.
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownRendererError(UnknownDeviceError):
+    """The device exists but no installed plugin offers a renderer of that name for it."""
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The device is installed but can't be used on this machine (no driver, no hardware, wrong OS)."""
+
+
+class PluginError(RuntimeError):
+    """A plugin broke its contract while opening a device (e.g. returned something that is not a device)."""
+
+
+@dataclass(frozen=True)
+class DeviceName:
+    """A parsed device name: "cuda:1:ptx" is base CUDA, index 1, renderer PTX."""
+
+    base: str
+    index: int = 0
+    renderer: str | None = None
+
+    @property
+    def canonical(self) -> str:
+        """The name a device is known by: "CUDA" for index 0, "CUDA:1" otherwise. The renderer is not part of it,
+        since it doesn't change which memory buffers live in."""
+        return self.base if self.index == 0 else f"{self.base}:{self.index}"
+
+    @staticmethod
+    def parse(name: str) -> DeviceName:
+        """Parse NAME, NAME:INDEX, NAME:RENDERER or NAME:INDEX:RENDERER, case-insensitively."""
+        if not isinstance(name, str):
+            raise DeviceNameError(f"a device name is a string like 'CPU' or 'CUDA:1', got {name!r}")
+        base, *rest = name.strip().upper().split(":")
+        index: int | None = None
+        renderer: str | None = None
+        for part in rest:
+            if part.isdigit() and index is None and renderer is None:
+                index = int(part)
+            elif NAME_PATTERN.fullmatch(part) and renderer is None:
+                renderer = part
+            else:
+                raise DeviceNameError(
+                    f"can't parse device name {name!r}: expected NAME, NAME:INDEX, NAME:RENDERER or "
+                    "NAME:INDEX:RENDERER (e.g. 'CUDA', 'CUDA:1', 'CUDA:PTX')"
+                )
+        if not NAME_PATTERN.fullmatch(base):
+            raise DeviceNameError(f"can't parse device name {name!r}: the device part must be a name like 'CUDA'")
+        return DeviceName(base, index or 0, renderer)
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    """Everything the registered plugins provide, gathered once per change of the plugin set."""
+
+    devices: dict[str, tuple[DeviceSpec, object]]  # name -> (spec, the plugin that provided it)
+    renderers: tuple[RendererSpec, ...]
+    tensor_cores: tuple[TensorCoreSpec, ...]
+
+
+_HOOKS = (
+    ("lazygrad_devices", DeviceSpec),
+    ("lazygrad_renderers", RendererSpec),
+    ("lazygrad_tensor_cores", TensorCoreSpec),
+)
+
+
+class DeviceRegistry:
+    """The devices, renderers and tensor cores that plugins provide, and the devices opened so far.
+
+    Plugins come from the entry-point group `group` (read on first use) and from `register_plugin`.
+    """
+
+    def __init__(self, group: str = PROJECT) -> None:
+        self.group = group
+        self._pm = pluggy.PluginManager(PROJECT)
+        self._pm.add_hookspecs(LazygradSpec)
+        self._lock = threading.RLock()
+        self._entry_points_loaded = False
+        self._catalog: _Catalog | None = None
+        self._usable: dict[str, str | None] = {}
+        self._opened: dict[str, CompiledDevice] = {}
+        self._renderer_in_use: dict[str, str] = {}
+
+    # ---- plugins
+
+    def register_plugin(self, plugin: object, name: str | None = None) -> None:
+        """Register a module or object that implements lazygrad hooks, as if an entry point had named it."""
+        with self._lock:
+            self._load_entry_points()
+            self._pm.register(plugin, name=name)
+            self._catalog = None
+
+    def unregister_plugin(self, plugin: object) -> None:
+        """Remove a plugin and forget the devices opened through it."""
+        with self._lock:
+            self._pm.unregister(plugin)
+            self._forget(plugin)
+
+    def _forget(self, plugin: object) -> None:
+        if self._catalog is not None:
+            gone = {name for name, (_, owner) in self._catalog.devices.items() if owner is plugin}
+            for canonical in [c for c in self._opened if DeviceName.parse(c).base in gone]:
+                del self._opened[canonical]
+                self._renderer_in_use.pop(canonical, None)
+        self._catalog = None
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=self.group):
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
+            try:
+                module = ep.load()
+            except Exception as exc:  # noqa: BLE001 - a plugin may fail in any way; it must not take the others down
+                warnings.warn(
+                    f"lazygrad plugin {ep.name!r} ({dist}) failed to import and was skipped: {exc}",
+                    LazygradPluginWarning,
+                    stacklevel=4,
+                )
+                continue
+            if not self._pm.is_registered(module):
+                self._pm.register(module, name=f"{ep.name} ({dist})")
+
+    def _skip_plugin(self, plugin: object, why: str) -> None:
+        name = self._pm.get_name(plugin)
+        warnings.warn(f"lazygrad plugin {name!r} was skipped: {why}", LazygradPluginWarning, stacklevel=5)
+        self._pm.unregister(plugin)
+
+    def _gather(self) -> _Catalog:
+        with self._lock:
+            if self._catalog is not None:
+                return self._catalog
+            self._load_entry_points()
+            gathered: dict[str, list[tuple[object, Any]]] = {}
+            failed: dict[object, str] = {}
+            for hook, kind in _HOOKS:
+                gathered[hook] = []
+                for impl in getattr(self._pm.hook, hook).get_hookimpls():
+                    if impl.plugin in failed:
+                        continue
+                    try:
+                        items = impl.function()
+                    except Exception as exc:  # noqa: BLE001 - isolate plugins from each other, as on import
+                        failed[impl.plugin] = f"its {hook} hook raised {type(exc).__name__}: {exc}"
+                        continue
+                    if not isinstance(items, (list, tuple)) or not all(isinstance(x, kind) for x in items):
+                        failed[impl.plugin] = f"its {hook} hook returned {items!r}, not a list of {kind.__name__}"
+                        continue
+                    gathered[hook].extend((impl.plugin, x) for x in items)
+            for plugin, why in failed.items():
+                self._skip_plugin(plugin, why)
+            devices: dict[str, tuple[DeviceSpec, object]] = {}
+            for plugin, spec in gathered["lazygrad_devices"]:
+                if plugin in failed:
+                    continue
+                if (seen := devices.get(spec.name)) is not None:
+                    keep = spec if spec.priority > seen[0].priority else seen[0]
+                    warnings.warn(
+                        f"device {spec.name} is provided by both {seen[0].package} and {spec.package}; "
+                        f"using the one from {keep.package} (higher priority, or found first)",
+                        LazygradPluginWarning,
+                        stacklevel=4,
+                    )
+                    if keep is seen[0]:
+                        continue
+                devices[spec.name] = (spec, plugin)
+            self._catalog = _Catalog(
+                devices,
+                tuple(spec for plugin, spec in gathered["lazygrad_renderers"] if plugin not in failed),
+                tuple(spec for plugin, spec in gathered["lazygrad_tensor_cores"] if plugin not in failed),
+            )
+            self._usable.clear()
+            return self._catalog
+
+    # ---- questions
+
+    @staticmethod
+    def canonicalize(name: str) -> str:
+        """The canonical form of a device name: "cpu" -> "CPU", "cuda:0" -> "CUDA", "cuda:1:ptx" -> "CUDA:1"."""
+        return DeviceName.parse(name).canonical
+
+    def installed(self) -> list[str]:
+        """The names of the devices the installed plugins provide, sorted."""
+        return sorted(self._gather().devices)
+
+    def spec(self, name: str) -> DeviceSpec:
+        """The `DeviceSpec` of the device `name` (any index or renderer suffix is ignored)."""
+        base = DeviceName.parse(name).base
+        devices = self._gather().devices
+        if base not in devices:
+            raise UnknownDeviceError(self._unknown_message(base, devices))
+        return devices[base][0]
+
+    def usable(self, name: str) -> str | None:
+        """None if the device `name` can run on this machine, else the reason it can't. Checked once."""
+        spec = self.spec(name)
+        with self._lock:
+            if spec.name not in self._usable:
+                try:
+                    reason = spec.usable()
+                except Exception as exc:  # noqa: BLE001 - a crashing check means unusable, with the crash as reason
+                    reason = f"its usability check raised {type(exc).__name__}: {exc}"
+                self._usable[spec.name] = reason
+            return self._usable[spec.name]
+
+    def renderers(self, name: str) -> list[RendererSpec]:
+        """The renderers offered for the device `name`, its default first."""
+        base = self.spec(name).name
+        found = [r for r in self._gather().renderers if r.device == base]
+        return sorted(found, key=lambda r: not r.default)
+
+    def tensor_cores(self, name: str, target: str | None = None) -> tuple[TensorCore, ...]:
+        """The tensor cores registered for the device `name` on `target`, or on all its targets if target is None."""
+        base = self.spec(name).name
+        found: list[TensorCore] = []
+        for entry in self._gather().tensor_cores:
+            if entry.device == base and target in (None, entry.target):
+                found.extend(tc for tc in entry.tensor_cores if tc not in found)
+        return tuple(found)
+
+    @property
+    def DEFAULT(self) -> str:  # noqa: N802 - a constant-like name, as users write Device.DEFAULT
+        """The canonical name of the default device: `DEV` if set, else the usable device of highest priority."""
+        if DEV.value:
+            chosen = DeviceName.parse(DEV.value)
+            if (reason := self.usable(chosen.base)) is not None:
+                raise DeviceUnavailableError(f"DEV={DEV.value} names a device that is not usable here: {reason}")
+            return chosen.canonical
+        devices = self._gather().devices
+        ranked = sorted((spec for spec, _ in devices.values()), key=lambda s: (-s.priority, s.name))
+        reasons = []
+        for spec in ranked:
+            if (reason := self.usable(spec.name)) is None:
+                return spec.name
+            reasons.append(f"{spec.name} ({spec.package}): {reason}")
+        if not reasons:
+            raise DeviceUnavailableError(
+                "no lazygrad device is installed; install one, e.g. `pip install lazygrad-runtime-cpu`"
+            )
+        raise DeviceUnavailableError("no installed device is usable here: " + "; ".join(reasons))
+
+    # ---- opening
+
+    def __getitem__(self, name: str) -> CompiledDevice:
+        """Open (once) and return the device `name`, switching its renderer if the name or `DEV` names one."""
+        parsed = DeviceName.parse(name)
+        spec = self.spec(parsed.base)
+        canonical = parsed.canonical
+        with self._lock:
+            device = self._opened.get(canonical)
+            if device is None:
+                if (reason := self.usable(spec.name)) is not None:
+                    raise DeviceUnavailableError(
+                        f"device {canonical} (from {spec.package}) is installed but not usable here: {reason}"
+                    )
+                device = spec.open(canonical)
+                if not isinstance(device, CompiledDevice):
+                    raise PluginError(
+                        f"{spec.package} opened {canonical} as {type(device).__name__}, not a CompiledDevice"
+                    )
+                self._opened[canonical] = device
+                if defaults := [r.name for r in self.renderers(spec.name) if r.default]:
+                    self._renderer_in_use[canonical] = defaults[0]
+            wanted = parsed.renderer or self._renderer_from_dev(spec.name)
+            # A renderer, once named, stays: later lookups by the plain name (e.g. a buffer's device) keep using it.
+            if wanted is not None and self._renderer_in_use.get(canonical) != wanted:
+                device.use_renderer(self._renderer_spec(spec.name, wanted).make())
+                self._renderer_in_use[canonical] = wanted
+            return device
+
+    def _renderer_from_dev(self, base: str) -> str | None:
+        if not DEV.value:
+            return None
+        chosen = DeviceName.parse(DEV.value)
+        return chosen.renderer if chosen.base == base else None
+
+    def _renderer_spec(self, base: str, renderer: str) -> RendererSpec:
+        offered = self.renderers(base)
+        for spec in offered:
+            if spec.name == renderer:
+                return spec
+        names = ", ".join(r.name + (" (default)" if r.default else "") for r in offered) or "none registered"
+        raise UnknownRendererError(f"device {base} has no renderer {renderer!r}; its renderers: {names}")
+
+    def _unknown_message(self, base: str, devices: dict[str, Any]) -> str:
+        msg = f"unknown device {base!r}; installed devices: {', '.join(sorted(devices)) or 'none'}."
+        if (package := WELL_KNOWN_DEVICES.get(base)) is not None:
+            msg += f" {base} is provided by the package {package}: `pip install {package}`."
+        return msg
+
+
+Device = DeviceRegistry()
+"""The process-wide registry, found through the installed distributions' `lazygrad` entry points."""
