@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import settings
+
 from lazygrad_uop.registry import Device
 
 settings.register_profile("ops", max_examples=12, deadline=None, derandomize=True)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from lazygrad import Tensor, dtypes
 from lazygrad_uop.dtype import DType, to_numpy_dtype
 
@@ -166,7 +167,9 @@ def test_unary_math(device: str, dt: DType, shape: tuple[int, ...], seed: int) -
     check(t.cos(), np.cos(x), **k)
     check(t.relu(), np.maximum(x, 0), **k)
     check(t.sigmoid(), (1 / (1 + np.exp(-x.astype(np.float64)))).astype(x.dtype), **k)
-    check(t.tanh(), np.tanh(x), **{"rtol": 1e-3, "atol": 1e-3} if dt == dtypes.float16 else {"rtol": 1e-5, "atol": 2e-6})
+    check(
+        t.tanh(), np.tanh(x), **{"rtol": 1e-3, "atol": 1e-3} if dt == dtypes.float16 else {"rtol": 1e-5, "atol": 2e-6}
+    )
     check(-t, -x)
     check(t.abs(), np.abs(x))
 
@@ -203,7 +206,17 @@ def test_where(device: str, sh: tuple, seed: int) -> None:
     check(Tensor(c, device=device).where(-1, Tensor(a, device=device)), np.where(c, np.float32(-1), a))
 
 
-CAST_DTYPES = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.float16, dtypes.float32, dtypes.float64]
+CAST_DTYPES = [
+    dtypes.bool,
+    dtypes.int8,
+    dtypes.uint8,
+    dtypes.int16,
+    dtypes.int32,
+    dtypes.int64,
+    dtypes.float16,
+    dtypes.float32,
+    dtypes.float64,
+]
 
 
 @pytest.mark.parametrize("src", CAST_DTYPES)
@@ -293,7 +306,13 @@ def test_basic_slicing(device: str, shape: tuple[int, ...], seed: int, data: st.
 def test_reduce(device: str, op: str, dt: DType, shape: tuple[int, ...], seed: int, data: st.DataObject) -> None:
     x = rand_np(shape, dt, seed)
     nd = len(shape)
-    axis = data.draw(st.one_of(st.none(), st.integers(-nd, nd - 1) if nd else st.none(), st.lists(st.integers(0, max(nd - 1, 0)), unique=True, max_size=nd).map(tuple) if nd else st.none()))
+    axis = data.draw(
+        st.one_of(
+            st.none(),
+            st.integers(-nd, nd - 1) if nd else st.none(),
+            st.lists(st.integers(0, max(nd - 1, 0)), unique=True, max_size=nd).map(tuple) if nd else st.none(),
+        )
+    )
     keepdim = data.draw(st.booleans())
     t = Tensor(x, device=device)
     axes = tuple(range(nd)) if axis is None else (axis,) if isinstance(axis, int) else axis
@@ -310,8 +329,16 @@ def test_reduce(device: str, op: str, dt: DType, shape: tuple[int, ...], seed: i
         if dt == dtypes.bool:
             return
         with np.errstate(all="ignore"):
-            ref = x.astype(np.float64).mean(axis=axis, keepdims=keepdim).astype(np.float16 if dt == dtypes.float16 else np.float32)
-        check(t.mean(axis, keepdim), ref, **({"rtol": 5e-3, "atol": 5e-3} if dt == dtypes.float16 else {"rtol": 1e-5, "atol": 1e-5}))
+            ref = (
+                x.astype(np.float64)
+                .mean(axis=axis, keepdims=keepdim)
+                .astype(np.float16 if dt == dtypes.float16 else np.float32)
+            )
+        check(
+            t.mean(axis, keepdim),
+            ref,
+            **({"rtol": 5e-3, "atol": 5e-3} if dt == dtypes.float16 else {"rtol": 1e-5, "atol": 1e-5}),
+        )
     else:
         check(getattr(t, op)(axis, keepdim), getattr(x, op)(axis=axis, keepdims=keepdim))
 
@@ -329,11 +356,27 @@ def test_reduce_of_view(device: str, shape: tuple[int, ...], seed: int) -> None:
 
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int32, dtypes.float16])
-@given(n=st.integers(1, 6), k=st.integers(0, 6), m=st.integers(1, 6), batch=st.sampled_from([(), (2,), (1, 3)]), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 6),
+    k=st.integers(0, 6),
+    m=st.integers(1, 6),
+    batch=st.sampled_from([(), (2,), (1, 3)]),
+    seed=st.integers(0, 2**16),
+)
 def test_matmul(device: str, dt: DType, n: int, k: int, m: int, batch: tuple[int, ...], seed: int) -> None:
     a, b = rand_np((*batch, n, k), dt, seed), rand_np((k, m), dt, seed + 1)
     ref = (a.astype(np.float64) @ b.astype(np.float64)).astype(a.dtype) if dtypes.is_float(dt) else a @ b
-    check(Tensor(a, device=device) @ Tensor(b, device=device), ref, **({"rtol": 1e-2, "atol": 1e-2} if dt == dtypes.float16 else {"rtol": 1e-5, "atol": 1e-5} if dt == dtypes.float32 else {}))
+    check(
+        Tensor(a, device=device) @ Tensor(b, device=device),
+        ref,
+        **(
+            {"rtol": 1e-2, "atol": 1e-2}
+            if dt == dtypes.float16
+            else {"rtol": 1e-5, "atol": 1e-5}
+            if dt == dtypes.float32
+            else {}
+        ),
+    )
 
 
 def test_dot_vectors(device: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from lazygrad import Tensor
 from lazygrad_uop.ops import Ops
 

@@ -1,10 +1,9 @@
 """lazygrad: a deep learning framework with a lazy PyTorch-style Tensor, fused kernels and pluggable backends."""
 
+from lazygrad.tensor import Tensor
 from lazygrad_uop.config import Context, getenv
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.registry import Device
-
-from lazygrad.tensor import Tensor
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from lazygrad_codegen import ProgramSpec, get_program
 from lazygrad_scheduler import ScheduleItem
@@ -74,8 +73,13 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             st = time.perf_counter()
             _copy(si)
             if DEBUG >= 2:
-                _report(f"copy {si.bufs[0].nbytes} bytes {si.bufs[1].device} -> {si.bufs[0].device}", si.bufs[0].device,
-                        time.perf_counter() - st, 0, 2 * si.bufs[0].nbytes)
+                _report(
+                    f"copy {si.bufs[0].nbytes} bytes {si.bufs[1].device} -> {si.bufs[0].device}",
+                    si.bufs[0].device,
+                    time.perf_counter() - st,
+                    0,
+                    2 * si.bufs[0].nbytes,
+                )
             continue
         runner = get_runner(si.bufs[0].device, si.ast)
         elapsed = runner(si.bufs, wait=DEBUG >= 2)
@@ -108,5 +112,3 @@ def _summary() -> None:
 def device_of_name(name: str | None) -> str:
     """The canonical device name for `name`, or the default device."""
     return Device.DEFAULT if name is None else Device.canonicalize(name)
-
-

@@ -3,11 +3,15 @@ fused kernels, compiles and runs them."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import weakref
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
+
+from lazygrad.engine import device_of_name, run_schedule
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
 from lazygrad_scheduler.schedule import ScheduleItem
@@ -27,8 +31,6 @@ from lazygrad_uop.registry import Device
 from lazygrad_uop.shape import device_of, shape_of
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
-
-from lazygrad.engine import device_of_name, run_schedule
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
@@ -65,7 +67,7 @@ class Tensor:
     """A lazy tensor. Build with `Tensor([[1, 2], [3, 4]])`, `Tensor(np_array)`, `Tensor.zeros(3, 4)`, ...;
     read with `.numpy()`, `.item()`, `.tolist()`."""
 
-    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("__weakref__", "grad", "requires_grad", "uop")
 
     def __init__(
         self,
@@ -152,7 +154,9 @@ class Tensor:
     # *** creation ***
 
     @staticmethod
-    def full(shape: Sequence[int] | int, fill_value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    def full(
+        shape: Sequence[int] | int, fill_value: Any, dtype: DType | str | None = None, device: str | None = None
+    ) -> Tensor:
         """A tensor of `shape` filled with `fill_value` (no memory until realized: a broadcast constant)."""
         shape = _shape_arg(shape)
         c = Tensor(fill_value, device=device, dtype=dtype)
@@ -177,7 +181,13 @@ class Tensor:
         return Tensor(UOp(Ops.VIEW, dt, (buf,), ShapeTracker.from_shape(shape)))
 
     @staticmethod
-    def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    def arange(
+        start: int | float,
+        stop: int | float | None = None,
+        step: int | float = 1,
+        dtype: DType | str | None = None,
+        device: str | None = None,
+    ) -> Tensor:
         """Evenly spaced values in [start, stop), as torch.arange."""
         if stop is None:
             start, stop = 0, start
@@ -326,9 +336,7 @@ class Tensor:
             buf, st = self.contiguous()._buffer_view()
         as_buffer = getattr(buf.allocator, "_as_buffer", None)
         if as_buffer is not None:
-            arr = np.frombuffer(_KeepAlive(as_buffer(buf.handle), buf).view, dtype=npdt, count=buf.size)
-            arr.flags.writeable = False
-            return arr.reshape(self.shape)
+            return np.asarray(_HostView(as_buffer(buf.handle), buf, npdt)).reshape(self.shape)
         host = np.empty(buf.size, dtype=npdt)
         buf.copyout(memoryview(host).cast("B"))
         return host.reshape(self.shape)
@@ -550,7 +558,10 @@ class Tensor:
         """The bits reinterpreted as `dtype` of the same size."""
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize:
-            raise DTypeError(f"bitcast needs dtypes of one size: {self.dtype!r} is {self.dtype.itemsize} bytes, {dt!r} is {dt.itemsize}")
+            raise DTypeError(
+                f"bitcast needs dtypes of one size: {self.dtype!r} has {self.dtype.itemsize} bytes, "
+                f"{dt!r} has {dt.itemsize}"
+            )
         return Tensor(UOp(Ops.BITCAST, dt, (self.uop,)))
 
     def float(self) -> Tensor:
@@ -800,12 +811,16 @@ class Tensor:
         ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
         return ret if keepdim else ret.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+    def sum(
+        self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | str | None = None
+    ) -> Tensor:
         """Sum over `axis` (all by default). Bools and integers sum to int64 (unsigned to uint64), as in torch."""
         if dtype is not None:
             acc = out = to_dtype(dtype)
         elif dtypes.is_bool(self.dtype) or dtypes.is_int(self.dtype):
-            acc = out = dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype == dtypes.uint64 else dtypes.int64
+            acc = out = (
+                dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype == dtypes.uint64 else dtypes.int64
+            )
         elif self.dtype in (dtypes.float16, dtypes.bfloat16):
             acc, out = dtypes.float32, self.dtype
         else:
@@ -819,7 +834,10 @@ class Tensor:
 
     def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """Largest value over `axis`."""
-        if self.numel() == 0 and (axis is None or any(self.shape[_normalize_axis(a, self.ndim)] == 0 for a in ((axis,) if isinstance(axis, int) else axis))):
+        if self.numel() == 0 and (
+            axis is None
+            or any(self.shape[_normalize_axis(a, self.ndim)] == 0 for a in ((axis,) if isinstance(axis, int) else axis))
+        ):
             raise ValueError("max of an empty dimension has no value; give an axis with elements")
         if dtypes.is_bool(self.dtype):
             return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
@@ -854,12 +872,11 @@ class Tensor:
             raise ValueError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
         dt = least_upper_dtype(x.dtype, w.dtype)
         x, w = x.cast(dt), w.cast(dt)
-        xx = x.reshape(*x.shape[:-1], *(1,) * min(w.ndim - 1, 1), k)
-        ww = (w.reshape(1, k) if w.ndim == 1 else w.transpose(-1, -2)).reshape(*((w.shape[:-2] + w.shape[-1:]) if w.ndim > 1 else (1,)), k)
         if w.ndim == 1:
-            xx = x.reshape(*x.shape[:-1], k)
-            ww = w.reshape(k)
-        a, b = xx._broadcasted(ww)
+            a, b = x._broadcasted(w)  # (..., k) * (k,), summed over k
+        else:
+            # (..., n, 1, k) * (..., m, k) broadcast to (..., n, m, k), summed over k; a 1-d x has no n axis
+            a, b = x.reshape(*x.shape[:-1], 1, k)._broadcasted(w.transpose(-1, -2))
         acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
         return (a * b).cast(acc)._reduce(Ops.ADD, -1, False).cast(dt)
 
@@ -939,15 +956,14 @@ class Tensor:
         return bool(self.item())
 
 
-class _KeepAlive:
-    """Holds a device Buffer for as long as numpy uses a view of its memory."""
+class _HostView:
+    """Device memory seen by numpy without a copy. The array's base is this object, which holds the Buffer, so the
+    memory can't return to the allocator's cache (and be reused) while the array lives; the array is read-only."""
 
-    def __init__(self, view: memoryview, buf: Buffer) -> None:
-        self.view = view
-        _keepalive[id(view.obj) if view.obj is not None else id(view)] = buf
-
-
-_keepalive: dict[int, Buffer] = {}
+    def __init__(self, view: memoryview, buf: Buffer, npdt: np.dtype) -> None:
+        self._view, self._buf = view, buf
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        self.__array_interface__ = {"shape": (buf.size,), "typestr": npdt.str, "data": (address, True), "version": 3}
 
 
 def _np_storage(dt: DType) -> Any:

@@ -18,5 +18,4 @@ __all__ = [
     "is_view_of_leaf",
     "kernelize",
     "new_buffer",
-    "ScheduleItem",
 ]

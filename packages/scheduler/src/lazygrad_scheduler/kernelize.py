@@ -17,13 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lazygrad_scheduler.buffers import new_buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
-
-from lazygrad_scheduler.buffers import new_buffer
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lazygrad_scheduler.buffers import buffer_of
+from lazygrad_scheduler.kernelize import base_buffer, is_kernelized
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
-
-from lazygrad_scheduler.buffers import buffer_of
-from lazygrad_scheduler.kernelize import base_buffer, is_kernelized
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,9 @@ def _infer(u: UOp) -> Shape | None:
     if op in GroupOp.ALU:
         shapes = {n.__dict__["_shape"] for n in u.src}
         if len(shapes) != 1:
-            raise ShapeError(f"{op.name} needs sources of one shape, got {sorted(shapes, key=str)}; broadcast them first")
+            raise ShapeError(
+                f"{op.name} needs sources of one shape, got {sorted(shapes, key=str)}; broadcast them first"
+            )
         return s
     raise ShapeError(f"{op} has no shape in a tensor graph")
 
