@@ -514,6 +514,7 @@ def write_project(root: Path, dist: str, module: str, source: str) -> Path:
 
 @pytest.mark.skipif(not pip_available(), reason="pip is not available to install the throwaway plugins")
 def test_plugins_installed_with_pip_are_found_without_importing_them_by_name(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling", reason="the throwaway plugins are built with hatchling, a test dependency")
     good = write_project(tmp_path / "good", "lazygrad-throwaway-good", "throwaway_good", GOOD_PLUGIN)
     bad = write_project(
         tmp_path / "bad", "lazygrad-throwaway-bad", "throwaway_bad", "raise RuntimeError('broken on purpose')"

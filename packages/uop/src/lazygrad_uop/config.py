@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 
 def getenv(key: str, default: Any = 0) -> Any:

@@ -66,7 +66,6 @@ class DType:
         """The element type of a vector, or the dtype itself."""
         return self._scalar if self._scalar is not None else self
 
-    @functools.cache  # noqa: B019 - dtypes are few and immortal
     def vec(self, count: int) -> DType:
         """The vector of `count` elements of this scalar type."""
         if self.count != 1:
@@ -75,7 +74,7 @@ class DType:
             raise DTypeError(f"vector width must be at least 1, got {count}")
         if count == 1 or self == dtypes.void:
             return self
-        return DType(self.priority, self.itemsize * count, f"{self.name}{count}", None, count, self)
+        return _make_vec(self, count)
 
     def ptr(self, size: int = -1, local: bool = False) -> PtrDType:
         """A pointer to a buffer of `size` elements of this type (-1: unknown), global or local memory."""
@@ -107,13 +106,12 @@ class PtrDType(DType):
     def vcount(self) -> int:
         return self.v
 
-    @functools.cache  # noqa: B019
     def vec(self, count: int) -> PtrDType:  # type: ignore[override]
         if self.v != 1:
             raise DTypeError(f"can't make a vector of vector pointer {self}")
         if count == 1:
             return self
-        return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self._base, self.local, count, self.size)
+        return _make_ptr_vec(self, count)
 
     def scalar(self) -> PtrDType:
         return self._base.ptr(self.size, self.local)
@@ -126,9 +124,21 @@ class PtrDType(DType):
         return s if self.v == 1 else f"{s}.vec({self.v})"
 
 
+# dtypes are interned through these caches, always called with positional arguments: functools.cache keys
+# vec(4) and vec(count=4) apart, which would make two distinct (and so unequal) float4 types
+@functools.cache
+def _make_vec(scalar: DType, count: int) -> DType:
+    return DType(scalar.priority, scalar.itemsize * count, f"{scalar.name}{count}", None, count, scalar)
+
+
 @functools.cache
 def _make_ptr(base: DType, size: int, local: bool) -> PtrDType:
     return PtrDType(base.priority, base.itemsize, base.name, base.fmt, base.count, None, base, local, 1, size)
+
+
+@functools.cache
+def _make_ptr_vec(p: PtrDType, count: int) -> PtrDType:
+    return PtrDType(p.priority, p.itemsize, p.name, p.fmt, p.count, None, p._base, p.local, count, p.size)
 
 
 class dtypes:  # noqa: N801 - used like a module namespace, as in tinygrad and torch
@@ -189,7 +199,7 @@ class dtypes:  # noqa: N801 - used like a module namespace, as in tinygrad and t
 
     @staticmethod
     def from_py(x: Any) -> DType:
-        """The dtype of a Python value or nested list, as torch.tensor would choose it."""
+        """The dtype of a Python value or nested list, as torch.tensor would choose it (ints: dtypes.default_int)."""
         if isinstance(x, bool):
             return dtypes.bool
         if isinstance(x, int):
@@ -215,8 +225,13 @@ class dtypes:  # noqa: N801 - used like a module namespace, as in tinygrad and t
         if dtype.scalar() == dtypes.bool:
             return bool(val)
         v = float(val)
-        if dtype.scalar() == dtypes.float32 and math.isfinite(v) and abs(v) < 3.5e38:
-            return struct.unpack("f", struct.pack("f", v))[0]
+        fmt = dtype.scalar().fmt
+        if fmt in ("e", "f") and math.isfinite(v):
+            # round to the narrower float through struct; a value past its largest finite one becomes inf
+            try:
+                return struct.unpack(fmt, struct.pack(fmt, v))[0]
+            except OverflowError:
+                return math.copysign(math.inf, v)
         return v
 
     @staticmethod
@@ -297,17 +312,19 @@ def to_dtype(x: DType | str) -> DType:
 
 # PyTorch's promotion as a join on this graph: an edge a -> b means every a value is representable as b,
 # or (int -> float) that torch's category rule prefers b. The join is the least common upper bound.
+# Every int promotes to every float, so the floats need a least element for joins to be unique (and so
+# associative): int64 | uint64 is fp8e4m3, below fp8e5m2. torch promotes neither fp8 nor uint64 with int64.
 _PROMO_LATTICE: dict[DType, tuple[DType, ...]] = {
     dtypes.bool: (dtypes.int8, dtypes.uint8),
     dtypes.int8: (dtypes.int16,),
     dtypes.int16: (dtypes.int32,),
     dtypes.int32: (dtypes.int64,),
-    dtypes.int64: (dtypes.fp8e4m3, dtypes.fp8e5m2),
+    dtypes.int64: (dtypes.fp8e4m3,),
     dtypes.uint8: (dtypes.int16, dtypes.uint16),
     dtypes.uint16: (dtypes.int32, dtypes.uint32),
     dtypes.uint32: (dtypes.int64, dtypes.uint64),
-    dtypes.uint64: (dtypes.fp8e4m3, dtypes.fp8e5m2),
-    dtypes.fp8e4m3: (dtypes.float16, dtypes.bfloat16),
+    dtypes.uint64: (dtypes.fp8e4m3,),
+    dtypes.fp8e4m3: (dtypes.fp8e5m2,),
     dtypes.fp8e5m2: (dtypes.float16, dtypes.bfloat16),
     dtypes.float16: (dtypes.float32,),
     dtypes.bfloat16: (dtypes.float32,),
@@ -321,12 +338,11 @@ def _upper_set(d: DType) -> frozenset[DType]:
     return frozenset({d}).union(*(_upper_set(u) for u in _PROMO_LATTICE[d]))
 
 
-def _join_minimal(a: DType, b: DType) -> DType:
+def _join(a: DType, b: DType) -> DType:
     common = _upper_set(a) & _upper_set(b)
-    minimal = sorted(c for c in common if not any(o is not c and c in _upper_set(o) for o in common))
-    if len(minimal) == 1:
-        return minimal[0]
-    return functools.reduce(_join_minimal, minimal)
+    least = [c for c in common if common <= _upper_set(c)]
+    assert len(least) == 1, f"promotion graph is not a lattice at {a}, {b}"
+    return least[0]
 
 
 def least_upper_dtype(*ds: DType) -> DType:
@@ -336,7 +352,7 @@ def least_upper_dtype(*ds: DType) -> DType:
     for d in ds:
         if d.scalar() not in _PROMO_LATTICE:
             raise DTypeError(f"{d} takes no part in type promotion")
-    return functools.reduce(_join_minimal, (d.scalar() for d in ds))
+    return functools.reduce(_join, (d.scalar() for d in ds))
 
 
 def least_upper_float(dt: DType) -> DType:
@@ -358,9 +374,16 @@ def to_numpy_dtype(dt: DType) -> Any:
 
 def from_numpy_dtype(npdt: Any) -> DType:
     """The dtype of a numpy dtype (or anything `numpy.dtype()` accepts)."""
-    name = getattr(npdt, "name", None) or str(npdt)
+    import numpy as np
+
+    try:
+        name = np.dtype(npdt).name
+    except TypeError:
+        name = str(npdt)
     if name not in _BY_NAME or name in ("fp8e4m3", "fp8e5m2", "bfloat16"):
-        raise DTypeError(f"numpy dtype {name!r} has no lazygrad equivalent; supported: {', '.join(_NUMPY_NAMES.values())}")
+        raise DTypeError(
+            f"numpy dtype {name!r} has no lazygrad equivalent; supported: {', '.join(_NUMPY_NAMES.values())}"
+        )
     return _BY_NAME[name]
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import DType
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, _arg_key
 
 REWRITE_LIMIT = ContextVar("REWRITE_LIMIT", 1_000_000)
 
@@ -28,7 +29,7 @@ class UPat:
     `allow_any_len` lets a tuple `src` match the first sources of a longer list.
     """
 
-    __slots__ = ("op", "dtype", "arg", "name", "src", "allow_any_len", "_permute", "_repeat")
+    __slots__ = ("_permute", "_repeat", "allow_any_len", "arg", "dtype", "name", "op", "src")
 
     def __init__(
         self,
@@ -131,7 +132,8 @@ class UPat:
         if self._permute:
             out: list[dict[str, UOp]] = []
             for perm in itertools.permutations(self.src):
-                out.extend(_match_seq(perm, u.src, bound))
+                # equal sources (x + x) give the same binding from several orders: offer it to the rule once
+                out.extend(b for b in _match_seq(perm, u.src, bound) if b not in out)
             return out
         return _match_seq(self.src, u.src, bound)
 
@@ -141,13 +143,13 @@ class UPat:
 
 
 def _arg_equal(want: Any, have: Any) -> bool:
-    # 1 must not match True, and 0.0 must not match -0.0 for value-sensitive rules
-    return type(want) is type(have) and want == have if isinstance(want, (int, float, bool)) else want == have
+    # the interning key: 1 must not match True, and 0.0 must not match -0.0 for value-sensitive rules
+    return _arg_key(want) == _arg_key(have)
 
 
 def _match_seq(pats: Sequence[UPat], srcs: tuple[UOp, ...], bound: dict[str, UOp]) -> list[dict[str, UOp]]:
     results = [bound]
-    for p, s in zip(pats, srcs):
+    for p, s in zip(pats, srcs, strict=False):  # allow_any_len: sources past the patterns are not looked at
         results = [b2 for b in results for b2 in p.match(s, b)]
         if not results:
             break
@@ -208,35 +210,29 @@ def graph_rewrite(
             if node in in_progress:
                 raise RewriteError(f"graph_rewrite{' ' + name if name else ''}: rules rewrite {node.op} in a cycle")
             in_progress.add(node)
-            if top_down and (new := pm.rewrite(node, ctx)) is not None:
-                stack.append((node, 2, new))
-                stack.append((new, 0, None))
+            if not top_down or (new := pm.rewrite(node, ctx)) is None:
+                stack.append((node, 1, None))
+                stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
                 continue
-            stack.append((node, 1, None))
-            stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
         elif stage == 1:
             new_src = tuple(done[s] for s in node.src)
             rebuilt = node if new_src == node.src else node.replace(src=new_src)
-            budget -= 1
-            if budget < 0:
-                raise RewriteError(f"graph_rewrite{' ' + name if name else ''} exceeded REWRITE_LIMIT rewrites")
             if (new := pm.rewrite(rebuilt, ctx)) is None:
                 done[node] = rebuilt
                 in_progress.discard(node)
                 if rebuilt is not node and rebuilt not in done:
                     done[rebuilt] = rebuilt
-            else:
-                stack.append((node, 2, new))
-                stack.append((new, 0, None))
+                continue
         else:
             assert pending is not None
             done[node] = done[pending]
             in_progress.discard(node)
+            continue
+        # a rule fired: `node` becomes whatever `new` rewrites to. Only fired rules count against the budget, so a
+        # big graph that needs no rewriting is no sign of a loop, while rules that grow the graph forever are stopped
+        budget -= 1
+        if budget < 0:
+            raise RewriteError(f"graph_rewrite{' ' + name if name else ''} exceeded REWRITE_LIMIT rewrites")
+        stack.append((node, 2, new))
+        stack.append((new, 0, None))
     return done[root]
-
-
-def _substitute(ctx: dict[UOp, UOp], x: UOp) -> UOp | None:
-    return ctx.get(x)
-
-
-substitute_matcher = PatternMatcher([(UPat(name="x"), _substitute)])

@@ -6,7 +6,8 @@ import functools
 import math
 import struct
 import weakref
-from typing import Any, Callable, Iterator, Union
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Union
 
 from lazygrad_uop.dtype import ConstType, DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -21,16 +22,20 @@ def _arg_key(arg: Any) -> Any:
     if isinstance(arg, (bool, int)):
         return (type(arg), arg)
     if isinstance(arg, tuple):
-        return ("t", tuple(_arg_key(a) for a in arg))
+        return (type(arg), tuple(_arg_key(a) for a in arg))
     return arg
 
 
 class _UOpInterner(type):
     """Builds each distinct (op, dtype, src, arg) once; while a node is alive, building it again returns it."""
 
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    cache: ClassVar[weakref.WeakValueDictionary[tuple, UOp]] = weakref.WeakValueDictionary()
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        if not isinstance(op, Ops):
+            raise TypeError(f"UOp op must be an Ops member, got {op!r}")
+        if not isinstance(src, tuple) or not all(isinstance(s, UOp) for s in src):
+            raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
         key = (op, dtype, src, _arg_key(arg))
         if (found := _UOpInterner.cache.get(key)) is not None:
             return found
@@ -42,13 +47,9 @@ class _UOpInterner(type):
 class UOp(metaclass=_UOpInterner):
     """One node `(op, dtype, src, arg)`. Identical nodes are the same object: compare and hash by identity."""
 
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    __slots__ = ("__dict__", "__weakref__", "arg", "dtype", "op", "src")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> None:
-        if not isinstance(op, Ops):
-            raise TypeError(f"UOp op must be an Ops member, got {op!r}")
-        if not isinstance(src, tuple) or not all(isinstance(s, UOp) for s in src):
-            raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
@@ -58,6 +59,11 @@ class UOp(metaclass=_UOpInterner):
         if name in ("op", "dtype", "src", "arg"):
             raise AttributeError(f"UOp is immutable: can't set {name}; use .replace({name}=...)")
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in ("op", "dtype", "src", "arg"):
+            raise AttributeError(f"UOp is immutable: can't delete {name}")
+        object.__delattr__(self, name)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (UOp, (self.op, self.dtype, self.src, self.arg))
@@ -102,10 +108,15 @@ class UOp(metaclass=_UOpInterner):
         return users
 
     def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
-        """This graph with every occurrence of each key of `mapping` replaced by its value."""
-        from lazygrad_uop.pattern import graph_rewrite, substitute_matcher
+        """This graph with every occurrence of each key of `mapping` replaced by its value.
 
-        return graph_rewrite(self, substitute_matcher, ctx=mapping, top_down=True, name="substitute")
+        All at once: a value is not searched for keys, so `{x: x + 1}` and swaps `{a: b, b: a}` are fine.
+        """
+        # not a graph_rewrite: that rewrites what a rule returns again, which would loop on {x: x + 1}
+        out: dict[UOp, UOp] = {}
+        for n in self.toposort:
+            out[n] = mapping[n] if n in mapping else n.replace(src=tuple(out[s] for s in n.src))
+        return out[self]
 
     def __iter__(self) -> Iterator[UOp]:
         raise TypeError("UOp is not iterable; use .src or .toposort")
@@ -177,7 +188,11 @@ class UOp(metaclass=_UOpInterner):
     def alu(self, op: Ops, *src: UOp) -> UOp:
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
-        out = dtypes.bool.vec(self.dtype.count) if op in GroupOp.Comparison else operands[-1 if op is Ops.WHERE else 0].dtype
+        out = (
+            dtypes.bool.vec(self.dtype.count)
+            if op in GroupOp.Comparison
+            else operands[-1 if op is Ops.WHERE else 0].dtype
+        )
         return UOp(op, out, operands)
 
     def ufix(self, x: Any) -> UOp:
@@ -285,8 +300,13 @@ class UOp(metaclass=_UOpInterner):
         return self.alu(Ops.MAX, self.ufix(x))
 
     def minimum(self, x: Any) -> UOp:
-        """Elementwise min, as -max(-a, -b)."""
-        return -((-self).maximum(-self.ufix(x)))
+        """Elementwise min: -max(-a, -b) for floats, ~max(~a, ~b) for ints, a & b for bools."""
+        if dtypes.is_float(self.dtype):
+            return -((-self).maximum(-self.ufix(x)))
+        if dtypes.is_bool(self.dtype):
+            return self & x
+        # negation wraps (-0 is 0 for unsigned, -INT_MIN is INT_MIN); bitwise not reverses the order exactly
+        return (self ^ -1).maximum(self.ufix(x) ^ -1) ^ -1
 
     def where(self, x: Any, y: Any) -> UOp:
         """`x` where this bool is true, else `y`."""
@@ -300,7 +320,21 @@ class UOp(metaclass=_UOpInterner):
 
     @functools.cached_property
     def _min_max(self) -> tuple[ConstType, ConstType]:
-        return _bounds(self)
+        # settle the sources' bounds deepest first with a stack: recursing through vmin overflows at a few
+        # hundred levels
+        stack = [s for s in self.src if "_min_max" not in s.__dict__]
+        while stack:
+            pending = [s for s in stack[-1].src if "_min_max" not in s.__dict__]
+            if pending:
+                stack.extend(pending)
+            else:
+                stack.pop()._min_max  # noqa: B018 - computed for its cache
+        lo, hi = _bounds(self)
+        dt = self.dtype.scalar()
+        if dtypes.is_int(dt) and (lo < dtypes.min(dt) or hi > dtypes.max(dt)):
+            # the value wraps around the dtype's range, so a bound outside it says nothing
+            return dtypes.min(dt), dtypes.max(dt)
+        return lo, hi
 
     @property
     def vmin(self) -> ConstType:
@@ -377,8 +411,8 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
         return -s0.vmax, -s0.vmin
     if u.op is Ops.MOD:
         d = u.src[1]
-        if d.vmin > 0:
-            m = d.vmax - 1
+        if d.vmin > 0 or d.vmax < 0:  # C's remainder: |r| < |d|, with the dividend's sign
+            m = max(abs(d.vmin), abs(d.vmax)) - 1
             lo = 0 if s0.vmin >= 0 else max(-m, s0.vmin)
             hi = 0 if s0.vmax <= 0 else min(m, s0.vmax)
             return lo, hi
@@ -412,13 +446,16 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
         return s0.vmin or u.src[1].vmin, s0.vmax or u.src[1].vmax
     if u.op is Ops.AND and s0.vmin >= 0 and u.src[1].vmin >= 0:
         return 0, min(s0.vmax, u.src[1].vmax)
-    if u.op is Ops.SHL and u.src[1].op is Ops.CONST and s0.vmin >= 0:
+    if u.op is Ops.SHL and u.src[1].op is Ops.CONST and s0.vmin >= 0 and u.src[1].arg >= 0:
         return s0.vmin << u.src[1].arg, s0.vmax << u.src[1].arg
-    if u.op is Ops.SHR and u.src[1].op is Ops.CONST and s0.vmin >= 0:
+    if u.op is Ops.SHR and u.src[1].op is Ops.CONST and s0.vmin >= 0 and u.src[1].arg >= 0:
         return s0.vmin >> u.src[1].arg, s0.vmax >> u.src[1].arg
+    if u.op is Ops.XOR and dtypes.is_int(dt) and u.src[1].op is Ops.CONST and u.src[1].arg == dtypes.as_const(-1, dt):
+        # x ^ all-ones is bitwise not, which reverses the order of the dtype's values
+        return dtypes.as_const(~s0.vmax, dt), dtypes.as_const(~s0.vmin, dt)
     if u.op is Ops.CAST and (dtypes.is_int(dt) or dtypes.is_bool(dt)):
-        lo, hi = max(s0.vmin, full[0]), min(s0.vmax, full[1])
-        return (lo, hi) if lo <= hi else full
+        # a value outside the target's range wraps (or becomes True), so only a source that fits keeps its bounds
+        return (s0.vmin, s0.vmax) if full[0] <= s0.vmin and s0.vmax <= full[1] else full
     return full
 
 
@@ -427,7 +464,8 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
 
 def eval_uop(u: UOp, env: dict[UOp, int] | None = None) -> ConstType:
     """The value of a scalar expression with the variables of `env` substituted, with C semantics for // and %."""
-    env = env or {}
+    # a BIND gives its variable a value, also where the variable appears bare; `env` overrides that
+    env = {**{b.src[0]: b.src[1].arg for b in u.toposort if b.op is Ops.BIND}, **(env or {})}
     vals: dict[UOp, Any] = {}
     for n in u.toposort:
         if n in env:
