@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+
 from lazygrad import Tensor
 
 SCRIPT = """
