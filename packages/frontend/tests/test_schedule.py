@@ -120,3 +120,24 @@ def test_assign_in_place_reuses_the_buffer() -> None:
     for _ in range(3):
         a.assign(a * 2).realize()
     assert a._buffer_view()[0] is before
+
+
+def test_assign_that_reads_other_elements_of_its_target_is_not_done_in_place() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    sq = np.arange(16, dtype=np.float32).reshape(4, 4)
+    cases = [
+        (sq, lambda t: t.T, lambda r: r.T),
+        (x, lambda t: t.flip(0) * 2, lambda r: np.flip(r, 0) * 2),
+        (x, lambda t: t + t.sum(1, keepdim=True), lambda r: r + r.sum(1, keepdims=True)),
+        (x, lambda t: t.pad(((1, 0), (0, 0)))[:3], lambda r: np.pad(r, ((1, 0), (0, 0)))[:3]),
+    ]
+    for data, f, ref in cases:
+        t = Tensor(data).realize()
+        t.assign(f(t)).realize()
+        np.testing.assert_array_equal(t.numpy(), ref(data))
+
+
+def test_elementwise_assign_stays_one_kernel() -> None:
+    t = rnd(8, 8).realize()
+    t.assign(t * 2 + 1)
+    assert len(t.schedule()) == 1

@@ -165,6 +165,29 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
     return g
 
 
+def _reads_target_elsewhere(assign: UOp) -> bool:
+    """True when ASSIGN(target, value) reads target's buffer other than elementwise through the target view itself."""
+    target = assign.src[0]
+    buf = base_buffer(view_base(target)) if is_leaf(view_base(target)) else None
+    stack, seen = [(assign.src[1], False)], set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        u, moved = item
+        if u is target and not moved:
+            continue
+        base = view_base(u)
+        if is_leaf(base) and base_buffer(base) is buf:
+            return True
+        if is_leaf(u):
+            continue
+        moves = moved or u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS
+        stack.extend((s, moves) for s in u.src)
+    return False
+
+
 def _bytes_read(node: UOp, group: _Group) -> int:
     """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count."""
     numel = math.prod(shape_of(node))
@@ -204,6 +227,8 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
         # a copy moves whole buffers: its source must be stored, contiguous and complete
         if u.op is Ops.COPY and not _is_whole_leaf(u.src[1]):
             realized.add(u.src[1])
+    # an in-place update may only read its target at the element it writes; otherwise compute the value first
+    realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and _reads_target_elsewhere(u)}
     while True:
         must: set[UOp] = set()
         groups = {r: _collect(r, realized, must) for r in realized if r.op is not Ops.COPY}
