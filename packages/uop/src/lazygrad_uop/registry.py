@@ -129,6 +129,7 @@ class DeviceRegistry:
         self._entry_points_loaded = False
         self._catalog: _Catalog | None = None
         self._usable: dict[str, str | None] = {}
+        self._default: tuple[str, _Catalog, str] | None = None
         self._opened: dict[str, CompiledDevice] = {}
         self._renderer_in_use: dict[str, str] = {}
 
@@ -273,6 +274,15 @@ class DeviceRegistry:
     @property
     def DEFAULT(self) -> str:  # noqa: N802 - a constant-like name, as users write Device.DEFAULT
         """The canonical name of the default device: `DEV` if set, else the usable device of highest priority."""
+        # asked for every new tensor: answer from a cache that DEV or a change of plugins invalidates
+        key = (DEV.value, self._gather())
+        if self._default is not None and self._default[0] == key[0] and self._default[1] is key[1]:
+            return self._default[2]
+        name = self._choose_default()
+        self._default = (key[0], key[1], name)
+        return name
+
+    def _choose_default(self) -> str:
         if DEV.value:
             chosen = DeviceName.parse(DEV.value)
             if (reason := self.usable(chosen.base)) is not None:
