@@ -217,10 +217,21 @@ def _has_reduce(u: UOp, realized: set[UOp]) -> bool:
     return False
 
 
+def output_root(o: UOp) -> UOp:
+    """The node to store for output `o`. A permuted, padded, ... view of a node that is stored anyway (or that would
+    need its own kernel behind the view) is stored as that node and read through the view, without a copy."""
+    base, chain = view_base(o), _movement_chain(o)
+    if base is o or base.op is Ops.CONST:
+        return o
+    if base.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or any(m.op is not Ops.RESHAPE for m in chain):
+        return base
+    return o  # reshapes of a computed value fuse into its kernel, and the output stays an ASSIGN
+
+
 def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
     """The nodes to store, and what each one's kernel contains."""
     sink = UOp(Ops.SINK, src=tuple(outputs))
-    realized: set[UOp] = {o for o in outputs if not is_view_of_leaf(o)}
+    realized: set[UOp] = {output_root(o) for o in outputs if not is_view_of_leaf(o)}
     for u in sink.toposort:
         if u.op in (Ops.CONTIGUOUS, Ops.COPY) or (u.op is Ops.ASSIGN and not is_kernelized(u)):
             realized.add(u)
@@ -350,22 +361,28 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
     Substituting that map into the graph makes every reader of a realized node LOAD its buffer.
     """
     realized, groups = choose_realized(outputs)
-    out_set = set(outputs)
+    out_roots = {output_root(o) for o in outputs}
     pos = {u: i for i, u in enumerate(UOp(Ops.SINK, src=tuple(outputs)).toposort)}
-    # merge independent outputs into multi-store kernels
+    direct = {r: {x for x in (groups[r].leaves if r in groups else {r.src[1]}) if x in realized} for r in realized}
+    needs = _transitive(direct)
+    # merge outputs that neither needs into multi-store kernels
     kernels: list[list[UOp]] = []
-    for r in sorted(groups, key=pos.__getitem__):
-        for k in kernels:
-            if r in out_set and all(x in out_set for x in k) and all(_same_kernel(groups[x], groups[r]) for x in k):
+    for r in sorted(realized, key=pos.__getitem__):
+        for k in kernels if r in out_roots and r in groups else []:
+            if all(
+                x in out_roots
+                and x in groups
+                and _same_kernel(groups[x], groups[r])
+                and x not in needs[r]
+                and r not in needs[x]
+                for x in k
+            ):
                 k.append(r)
                 break
         else:
             kernels.append([r])
     becomes: dict[UOp, UOp] = {}
-    for copy in sorted((r for r in realized if r.op is Ops.COPY), key=pos.__getitem__):
-        kernels.append([copy])
-    kernels.sort(key=lambda k: max(pos[r] for r in k))
-    for roots in kernels:
+    for roots in _kernel_order(kernels, direct, pos):
         if roots[0].op is Ops.COPY:
             becomes[roots[0]] = _copy_kernel(roots[0], becomes)
             continue
@@ -398,6 +415,35 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
         for r, t in zip(roots, targets):
             becomes[r] = UOp(Ops.ASSIGN, r.dtype, (t, kernel))
     return becomes
+
+
+def _transitive(direct: dict[UOp, set[UOp]]) -> dict[UOp, set[UOp]]:
+    """For each root, every root it needs, directly or through others."""
+    out: dict[UOp, set[UOp]] = {}
+    for r in direct:
+        seen, stack = set(), list(direct[r])
+        while stack:
+            x = stack.pop()
+            if x not in seen:
+                seen.add(x)
+                stack.extend(direct.get(x, ()))
+        out[r] = seen
+    return out
+
+
+def _kernel_order(kernels: list[list[UOp]], direct: dict[UOp, set[UOp]], pos: dict[UOp, int]) -> list[list[UOp]]:
+    """Kernels ordered so that each is built after the kernels whose outputs it reads."""
+    home = {r: i for i, k in enumerate(kernels) for r in k}
+    deps = [{home[d] for r in k for d in direct[r]} - {i} for i, k in enumerate(kernels)]
+    order: list[list[UOp]] = []
+    done: set[int] = set()
+    while len(done) < len(kernels):
+        ready = [i for i in range(len(kernels)) if i not in done and deps[i] <= done]
+        assert ready, "kernels that need each other: merging made a cycle"
+        i = min(ready, key=lambda j: max(pos[r] for r in kernels[j]))
+        order.append(kernels[i])
+        done.add(i)
+    return order
 
 
 def _is_whole_leaf(u: UOp) -> bool:
