@@ -117,3 +117,16 @@ def bench(session: nox.Session) -> None:
         session.skip("benchmarks/ holds no benchmark yet")
     for script in scripts:
         session.run("python", str(script), *session.posargs)
+
+
+@nox.session
+def cuda(session: nox.Session) -> None:
+    """The op suite and the CUDA package's tests on an NVIDIA GPU (fails, saying why, where CUDA is unusable)."""
+    install_packages(session, list(pyprojects()), tested=["frontend", "runtime-cuda"])
+    session.install("hypothesis")
+    install_torch(session)
+    why = "from lazygrad_uop.registry import Device; print(Device.usable('CUDA') or '')"
+    if reason := session.run("python", "-c", why, silent=True).strip():
+        session.error(f"the CUDA device is not usable here: {reason}")
+    session.run("pytest", str(PACKAGES / "frontend" / "tests" / "test_ops.py"), "-k", "CUDA", *session.posargs)
+    session.run("pytest", str(PACKAGES / "runtime-cuda" / "tests"), *session.posargs)

@@ -1,2 +1,32 @@
-"""lazygrad's CUDA device: will hold the CUDA renderer, the NVRTC compiler, the driver-API allocator and
-program runner, CUDA graphs and the mma tensor-core descriptions. `plugin` registers the `CUDA` device."""
+"""lazygrad's CUDA device: CUDA C rendered for the GPU's architecture, compiled with NVRTC, run through the CUDA
+driver API (cuda-python's `cuda.bindings`) with pinned-memory copies, peer transfers between GPUs, event timing and
+CUDA graphs. The `lazygrad_cuda.plugin` module registers the `CUDA` device.
+
+The classes are imported on first use, so that loading the plugin stays cheap and a missing driver shows up as
+"CUDA not usable" rather than as a plugin that fails to import."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "CUDAAllocator": "lazygrad_cuda.allocator",
+    "CUDABuffer": "lazygrad_cuda.allocator",
+    "CUDADevice": "lazygrad_cuda.device",
+    "CUDAError": "lazygrad_cuda.errors",
+    "CUDAGraph": "lazygrad_cuda.graph",
+    "CUDAProgram": "lazygrad_cuda.program",
+    "CUDARenderer": "lazygrad_cuda.renderer",
+    "NVRTCCompiler": "lazygrad_cuda.compiler",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lazygrad_cuda' has no attribute {name!r}")

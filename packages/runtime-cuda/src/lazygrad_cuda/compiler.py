@@ -1,0 +1,178 @@
+"""Compiling CUDA C with NVRTC (through cuda-python's `cuda.bindings.nvrtc`).
+
+A kernel is compiled for the GPU's own architecture: to a cubin (machine code the driver loads as is) when NVRTC knows
+the architecture, else to PTX for the newest virtual architecture NVRTC knows below it, which the driver compiles when
+it loads the module. `cuda_fp16.h` and `cuda_bf16.h` come from the CUDA runtime headers (the `nvidia-cuda-runtime`
+package, or a toolkit named by CUDA_HOME / CUDA_PATH). Binaries are cached on disk by `Compiler.compile_cached`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazygrad_uop.config import DEBUG
+from lazygrad_uop.device import CompileError, Compiler
+
+
+class NVRTCError(RuntimeError):
+    """NVRTC failed for a reason other than the source (it could not be loaded, or was given bad options)."""
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise NVRTCError(
+            f"cuda-bindings is not importable ({exc}); `pip install cuda-bindings nvidia-cuda-nvrtc`"
+        ) from exc
+    return nvrtc
+
+
+def _check(result: tuple, what: str) -> tuple:
+    """The values after an NVRTC call's status, or NVRTCError naming the call and the status."""
+    nvrtc = _nvrtc()
+    err, *rest = result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NVRTCError(f"{what} failed: {err.name}")
+    return tuple(rest)
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor) version; NVRTCError when NVRTC can't be loaded."""
+    nvrtc = _nvrtc()
+    try:
+        result = nvrtc.nvrtcVersion()
+    except Exception as exc:
+        raise NVRTCError(f"NVRTC could not be loaded: {exc}; `pip install nvidia-cuda-nvrtc`") from exc
+    major, minor = _check(result, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+@functools.cache
+def nvrtc_architectures() -> tuple[int, ...]:
+    """The compute capabilities NVRTC can compile for, as numbers (80 for sm_80), ascending."""
+    (archs,) = _check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs")
+    return tuple(sorted(int(a) for a in archs))
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """What NVRTC compiles for: `arch` is the GPU's "sm_XY"; `nvrtc_arch` the architecture option NVRTC gets
+    ("sm_90" for a cubin, "compute_86" for PTX); `cubin` says which of the two the compiler returns."""
+
+    arch: str
+    nvrtc_arch: str
+    cubin: bool
+
+
+def compile_target(arch: str, supported: tuple[int, ...] | None = None) -> CompileTarget:
+    """How to compile for GPU architecture `arch` ("sm_86") with an NVRTC that supports `supported` (default: the
+    installed NVRTC's list): a cubin for that architecture if NVRTC knows it, else PTX for the newest one below it,
+    which the driver compiles for the GPU when loading. ValueError when NVRTC knows no architecture that old."""
+    m = re.fullmatch(r"sm_(\d+)([a-z]?)", arch)
+    if m is None:
+        raise ValueError(f"a CUDA architecture is written like 'sm_80', got {arch!r}")
+    cc = int(m.group(1))
+    supported = nvrtc_architectures() if supported is None else supported
+    if cc in supported:
+        return CompileTarget(arch, arch, cubin=True)
+    older = [a for a in supported if a <= cc]
+    if not older:
+        raise ValueError(
+            f"NVRTC compiles for sm_{min(supported)} and newer; this GPU is {arch}. Install an older CUDA "
+            "(nvidia-cuda-nvrtc) that still supports it."
+        )
+    return CompileTarget(arch, f"compute_{older[-1]}", cubin=False)
+
+
+@functools.cache
+def cuda_include_dirs() -> tuple[str, ...]:
+    """Directories holding `cuda_fp16.h`: the CUDA runtime headers' package, else CUDA_HOME / CUDA_PATH."""
+    found: list[str] = []
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        if (d := find_nvidia_header_directory("cudart")) is not None:
+            found.append(str(d))
+    except Exception:  # noqa: BLE001 - pathfinder is a helper; the environment variables below still work
+        pass
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if (root := os.environ.get(var)) and (Path(root) / "include" / "cuda_fp16.h").exists():
+            found.append(str(Path(root) / "include"))
+    return tuple(dict.fromkeys(d for d in found if (Path(d) / "cuda_fp16.h").exists()))
+
+
+@dataclass(frozen=True)
+class NVRTCOutput:
+    """What one NVRTC compilation produced: the PTX text, and the cubin when compiled for a real architecture."""
+
+    ptx: bytes
+    cubin: bytes | None
+    log: str
+
+
+def nvrtc_compile(src: str, nvrtc_arch: str, name: str = "kernel") -> NVRTCOutput:
+    """Compile CUDA C `src` for `nvrtc_arch` ("sm_90" or "compute_90"). CompileError with NVRTC's log when the
+    source does not compile."""
+    nvrtc = _nvrtc()
+    nvrtc_version()  # a clear error when libnvrtc is missing
+    (prog,) = _check(nvrtc.nvrtcCreateProgram(src.encode(), f"{name}.cu".encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={nvrtc_arch}".encode(), *(f"-I{d}".encode() for d in cuda_include_dirs())]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        (size,) = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        log = bytearray(size)
+        _check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+        log_text = log.rstrip(b"\0").decode(errors="replace")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            hint = ""
+            if "cuda_fp16.h" in log_text or "cuda_bf16.h" in log_text:
+                hint = (
+                    "\nhalf and bfloat16 kernels need the CUDA runtime headers: `pip install nvidia-cuda-runtime`, "
+                    "or set CUDA_HOME to a CUDA toolkit"
+                )
+            raise CompileError(f"NVRTC ({nvrtc_arch}) rejected {name}:\n{log_text}{hint}\n{src}")
+        (ptx_size,) = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = bytearray(ptx_size)
+        _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        cubin: bytes | None = None
+        if nvrtc_arch.startswith("sm_"):
+            (cubin_size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+            buf = bytearray(cubin_size)
+            _check(nvrtc.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+            cubin = bytes(buf)
+        return NVRTCOutput(bytes(ptx), cubin, log_text)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+class NVRTCCompiler(Compiler):
+    """CUDA C to a binary for one GPU architecture: a cubin, or NUL-terminated PTX text where NVRTC does not know
+    the architecture (see `compile_target`). The cache key names NVRTC's version and the target."""
+
+    def __init__(self, target: CompileTarget) -> None:
+        self.target = target
+        major, minor = nvrtc_version()
+        kind = "cubin" if target.cubin else "ptx"
+        super().__init__(f"compile_cuda_nvrtc{major}.{minor}_{target.nvrtc_arch}_{kind}")
+
+    def compile(self, src: str) -> bytes:
+        """The cubin (or PTX) of `src`. `DEBUG>=7` prints the PTX."""
+        out = nvrtc_compile(src, self.target.nvrtc_arch, _kernel_name(src))
+        if DEBUG >= 7:
+            print(out.ptx.rstrip(b"\0").decode())
+        if self.target.cubin:
+            assert out.cubin is not None, "NVRTC compiled for a real architecture gives a cubin"
+            return out.cubin
+        # the driver reads PTX as a C string
+        return out.ptx if out.ptx.endswith(b"\0") else out.ptx + b"\0"
+
+
+def _kernel_name(src: str) -> str:
+    m = re.search(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src)
+    return m.group(1) if m else "kernel"

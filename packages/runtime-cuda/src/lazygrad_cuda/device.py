@@ -1,0 +1,111 @@
+"""An opened CUDA GPU: its primary context, the stream all its work goes on, its architecture, and the allocator,
+renderer, compiler, program and graph types that run kernels on it."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from cuda.bindings import driver
+
+from lazygrad_cuda.allocator import CUDAAllocator
+from lazygrad_cuda.compiler import NVRTCCompiler, compile_target
+from lazygrad_cuda.errors import check
+from lazygrad_cuda.graph import CUDAGraph
+from lazygrad_cuda.program import CUDAProgram
+from lazygrad_cuda.renderer import CUDARenderer
+from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
+from lazygrad_uop.registry import DeviceName
+
+# the oldest architecture with the mma.sync shapes lazygrad's CUDA tensor cores use
+_OLDEST_TENSOR_CORE_ARCH = 80
+
+
+class CUDADevice(CompiledDevice):
+    """GPU number `index` of the CUDA driver, opened as `name` ("CUDA", "CUDA:1").
+
+    Every operation makes the device's primary context current first, so one thread can drive several GPUs; all work
+    is queued on one non-blocking stream and runs in order, asynchronously to the host until `synchronize`.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.index = DeviceName.parse(name).index
+        check(driver.cuInit(0), "cuInit")
+        count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+        if self.index >= count:
+            names = "CUDA" if count == 1 else f"CUDA to CUDA:{count - 1}"
+            raise ValueError(f"there is no {name}: this machine has {count} NVIDIA GPU(s) ({names})")
+        self.cu_device = check(driver.cuDeviceGet(self.index), "cuDeviceGet")
+        self.context = check(driver.cuDevicePrimaryCtxRetain(self.cu_device), "cuDevicePrimaryCtxRetain")
+        self.activate()
+        major = self.attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = self.attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        self.arch = f"sm_{major}{minor}"
+        self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        self.peers: set[int] = set()
+        renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch))
+        runtime = functools.partial(CUDAProgram, self)
+        # CompiledDevice expects a Program type; a factory bound to this GPU is what it calls
+        super().__init__(
+            name, CUDAAllocator(self), renderer, NVRTCCompiler(compile_target(self.arch)), runtime, CUDAGraph
+        )  # type: ignore[arg-type]
+
+    def attribute(self, attrib: driver.CUdevice_attribute) -> int:
+        """The value of device attribute `attrib` (a `CUdevice_attribute`)."""
+        return int(check(driver.cuDeviceGetAttribute(attrib, self.cu_device), f"cuDeviceGetAttribute({attrib.name})"))
+
+    def activate(self) -> None:
+        """Make this GPU's context current on the calling thread (cheap, and always done: another library, or another
+        lazygrad GPU, may have changed it)."""
+        check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on this GPU has finished."""
+        self.activate()
+        check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def enable_peer_access(self, other: CUDADevice) -> bool:
+        """Let this GPU's kernels and copies reach `other`'s memory directly (NVLink or PCIe peer to peer), and
+        `other` reach this one's. False when the hardware can't; copies between the two still work, through the
+        host."""
+        if other.index in self.peers:
+            return True
+        for a, b in ((self, other), (other, self)):
+            if not check(driver.cuDeviceCanAccessPeer(a.cu_device, b.cu_device), "cuDeviceCanAccessPeer"):
+                return False
+        for a, b in ((self, other), (other, self)):
+            a.activate()
+            (err,) = driver.cuCtxEnablePeerAccess(b.context, 0)
+            if err not in (driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+                check((err,), "cuCtxEnablePeerAccess")
+        self.peers.add(other.index)
+        other.peers.add(self.index)
+        return True
+
+    def use_renderer(self, renderer: Renderer) -> None:
+        """Render with `renderer`; a CUDA renderer is retargeted to this GPU's architecture and tensor cores."""
+        if isinstance(renderer, CUDARenderer) and renderer.arch != self.arch:
+            renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch))
+        self.renderer = renderer
+
+
+def registered_tensor_cores(arch: str) -> tuple[TensorCore, ...]:
+    """The tensor cores plugins registered for CUDA on `arch`, or on the newest registered architecture older than
+    it (an sm_86 GPU runs sm_80's mma instructions). Empty below sm_80."""
+    from lazygrad_uop.registry import Device, UnknownDeviceError
+
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if m is None:
+        raise ValueError(f"a CUDA architecture is written like 'sm_80', got {arch!r}")
+    try:
+        for cc in range(int(m.group(1)), _OLDEST_TENSOR_CORE_ARCH - 1, -1):
+            if found := Device.tensor_cores("CUDA", f"sm_{cc}"):
+                return found
+    except UnknownDeviceError:  # the plugin was registered by hand, not installed: nobody registered tensor cores
+        pass
+    return ()
+
+
+def open_cuda(name: str) -> CUDADevice:
+    """Open the CUDA device `name` ("CUDA" is GPU 0, "CUDA:1" GPU 1, ...)."""
+    return CUDADevice(name)

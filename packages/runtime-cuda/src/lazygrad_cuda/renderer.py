@@ -1,0 +1,448 @@
+"""The CUDA C renderer: codegen's C-style family specialised for NVRTC.
+
+What it adds to `CStyleLanguage`:
+
+- kernels are `extern "C" __global__`, with `__launch_bounds__` when the kernel has thread (`lidx`) indices; `gidx<d>`
+  is `blockIdx`, `lidx<d>` is `threadIdx`, so a launch is `global_size` blocks of `local_size` threads;
+- half and bfloat16 are `half` and `__nv_bfloat16` from `cuda_fp16.h`/`cuda_bf16.h`, computed in float and rounded
+  back after every op (exactly what a native half op gives, and free of the headers' operator overloads);
+- vectors (`VECTORIZE`, `GEP`, `VCONST`, vector loads and stores through a cast pointer, lane-wise ALU ops): CUDA's
+  built-in `float4`-style types where they exist, small aligned structs (`lg_halfx8`) where they don't;
+- shared memory (`DEFINE_LOCAL` as `__shared__` arrays), `BARRIER` as `__syncthreads()`, `IF`/`ENDIF` blocks;
+- `WMMA` as inline PTX `mma.sync.aligned.m16n8k16` or `m16n8k8` (fp16 or bf16 inputs, fp32 accumulate), see
+  `render_wmma`;
+- `THREEFRY` (Threefry-2x32, 20 rounds) as a device function.
+
+The renderer walks the linear program itself (`render`) because the base class's walk knows only scalar ops; the
+per-op pieces (`render_alu`, `render_cast`, `render_const`, `render_dtype`) are the base's, specialised here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from lazygrad_codegen.cstyle import CStyleLanguage, kernel_function_name
+from lazygrad_uop.device import TensorCore
+from lazygrad_uop.dtype import DType, PtrDType, dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.uop import UOp
+
+_HALFS = frozenset({dtypes.float16, dtypes.bfloat16})
+# lane names of every vector type: CUDA's built-in types have x, y, z, w; our structs continue the sequence
+LANES = "xyzwabcdefghijkl"
+# CUDA's built-in vector types (vector_types.h, built into NVRTC) exist for these scalars with 2, 3 or 4 lanes
+_BUILTIN_VECTOR = {
+    dtypes.int8: "char",
+    dtypes.uint8: "uchar",
+    dtypes.int16: "short",
+    dtypes.uint16: "ushort",
+    dtypes.int32: "int",
+    dtypes.uint32: "uint",
+    dtypes.int64: "longlong",
+    dtypes.uint64: "ulonglong",
+    dtypes.float32: "float",
+    dtypes.float64: "double",
+}
+_STRUCT_NAME = {**_BUILTIN_VECTOR, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "bf16"}
+
+# the input dtypes of the mma.sync the renderer writes, and their PTX type names
+_MMA_INPUTS = {dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+MMA_M16N8K16_LAYOUT = (
+    (("k1", "k2", "m0", "m1", "m2"), ("k0", "m3", "k3")),
+    (("k1", "k2", "n0", "n1", "n2"), ("k0", "k3")),
+    (("n1", "n2", "m0", "m1", "m2"), ("n0", "m3")),
+)
+MMA_M16N8K8_LAYOUT = (
+    (("k1", "k2", "m0", "m1", "m2"), ("k0", "m3")),
+    (("k1", "k2", "n0", "n1", "n2"), ("k0",)),
+    (("n1", "n2", "m0", "m1", "m2"), ("n0", "m3")),
+)
+"""The fragment layouts of mma.sync.m16n8k16 and m16n8k8 (PTX ISA) in `TensorCore.swizzle` notation: lane r of each
+operand's vector is the instruction's register r, so a tensor core rendered with one must describe exactly it."""
+_MMA_LAYOUTS = {16: MMA_M16N8K16_LAYOUT, 8: MMA_M16N8K8_LAYOUT}
+# 32-bit registers as CUDA types by their count, and the expression of each register of a value of that type
+_REGISTERS = {4: ("uint4", ".x", ".y", ".z", ".w"), 2: ("uint2", ".x", ".y"), 1: ("unsigned int", "")}
+
+_THREEFRY = """__device__ __forceinline__ unsigned int lg_rotl32(unsigned int x, int r) {
+  return (x << r) | (x >> (32 - r));
+}
+__device__ unsigned long long lg_threefry(unsigned long long x, unsigned long long key) {
+  const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  unsigned int ks[3] = {(unsigned int)key, (unsigned int)(key >> 32), 0};
+  ks[2] = ks[0] ^ ks[1] ^ 0x1BD11BDAu;
+  unsigned int x0 = (unsigned int)x + ks[0], x1 = (unsigned int)(x >> 32) + ks[1];
+  for (int block = 0; block < 5; block++) {
+    for (int i = 0; i < 4; i++) { x0 += x1; x1 = lg_rotl32(x1, rot[4 * (block % 2) + i]) ^ x0; }
+    x0 += ks[(block + 1) % 3];
+    x1 += ks[(block + 2) % 3] + (unsigned int)(block + 1);
+  }
+  return ((unsigned long long)x1 << 32) | x0;
+}"""
+
+
+def _workitem(kind: str) -> Callable[[int], str]:
+    return lambda d: f"(int){kind}.{'xyz'[d]}"
+
+
+def _fmod(a: str, b: str, dtype: DType) -> str:
+    if dtypes.is_float(dtype):
+        return f"fmod({a}, {b})" if dtype.scalar() == dtypes.float64 else f"fmodf({a}, {b})"
+    return f"({a}%{b})"
+
+
+class CUDARenderer(CStyleLanguage):
+    """CUDA C for one GPU architecture (`arch`, e.g. "sm_90"), using the tensor cores given for it."""
+
+    device = "CUDA"
+    suffix = "CUDA"
+    supports_float4 = True
+    has_local = True
+    has_shared = True
+    # CUDA's limits: grid x up to 2^31-1 blocks, y and z up to 65535; at most 1024 threads per block, z up to 64
+    global_max = (2**31 - 1, 65535, 65535)
+    local_max = (1024, 1024, 64)
+    # statically declared __shared__ memory per block; more needs opting in per kernel
+    shared_max = 49152
+    kernel_prefix = 'extern "C" __global__ '
+    infinity = "__int_as_float(0x7f800000)"
+    nan = "__int_as_float(0x7fffffff)"
+    code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {
+        "g": _workitem("blockIdx"),
+        "l": _workitem("threadIdx"),
+    }
+    type_map: ClassVar[dict[DType, str]] = {
+        **CStyleLanguage.type_map,
+        dtypes.float16: "half",
+        dtypes.bfloat16: "__nv_bfloat16",
+    }
+    code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {
+        **CStyleLanguage.code_for_op,
+        Ops.MOD: _fmod,
+        Ops.THREEFRY: lambda a, b, dtype: f"lg_threefry({a}, {b})",
+    }
+
+    def __init__(self, arch: str = "sm_80", tensor_cores: Sequence[TensorCore] = ()) -> None:
+        if not re.fullmatch(r"sm_\d+[a-z]?", arch):
+            raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
+        self.arch = arch
+        self.tensor_cores = tuple(tensor_cores)
+
+    def __repr__(self) -> str:
+        return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
+
+    # *** types, constants, casts ***
+
+    def render_dtype(self, dtype: DType) -> str:
+        """The CUDA type of `dtype`: scalar names from `type_map`, `float4`-style built-in vectors, `lg_<T>x<n>`
+        structs for the other vectors, `T*` for pointers."""
+        if isinstance(dtype, PtrDType):
+            return f"{self.render_dtype(dtype.base)}*"
+        scalar = dtype.scalar()
+        if scalar in (dtypes.fp8e4m3, dtypes.fp8e5m2):
+            raise NotImplementedError(f"the CUDA renderer has no type for {dtype} yet")
+        if dtype.count == 1:
+            return super().render_dtype(dtype)
+        if dtype.count in (2, 3, 4) and scalar in _BUILTIN_VECTOR:
+            return f"{_BUILTIN_VECTOR[scalar]}{dtype.count}"
+        if scalar not in _STRUCT_NAME or dtype.count > len(LANES):
+            raise NotImplementedError(f"the CUDA renderer has no vector type for {dtype}")
+        return f"lg_{_STRUCT_NAME[scalar]}x{dtype.count}"
+
+    def render_cast(self, x: str, src: DType, dest: DType) -> str:
+        """Conversions; half and bfloat16 convert to and from anything but float through float (exact for them),
+        and from double directly (one rounding, as numpy does)."""
+        s, d = src.scalar(), dest.scalar()
+        if isinstance(dest, PtrDType):
+            return f"(({self.render_dtype(dest)})({x}))"
+        if dest.count > 1:
+            lanes = [self.render_cast(_lane(x, i, src), s, d) for i in range(dest.count)]
+            return self.render_vector(dest, lanes)
+        if d in _HALFS and s == dtypes.float64:
+            return f"__double2half({x})" if d == dtypes.float16 else f"__double2bfloat16({x})"
+        if d in _HALFS and s not in (dtypes.float32, d):
+            return super().render_cast(self.render_cast(x, s, dtypes.float32), dtypes.float32, d)
+        if s in _HALFS and d not in (dtypes.float32, s):
+            return super().render_cast(self.render_cast(x, s, dtypes.float32), dtypes.float32, d)
+        return super().render_cast(x, src, dest)
+
+    def render_bitcast(self, x: str, src: DType, dest: DType) -> str:
+        """The bits of `x` as `dest` (sizes are equal; `__builtin_bit_cast` is C++20's `std::bit_cast`)."""
+        return f"__builtin_bit_cast({self.render_dtype(dest)}, {x})"
+
+    def render_vector(self, dtype: DType, lanes: Sequence[str]) -> str:
+        """A vector value of `dtype` from one expression per lane."""
+        return f"{self.render_dtype(dtype)}{{{', '.join(lanes)}}}"
+
+    def render_alu(self, op: Ops, dtype: DType, operands: list[str], src_dtypes: list[DType]) -> str:
+        """An ALU op; on vectors lane by lane, on half and bfloat16 in float rounded back to the type."""
+        if dtype.count > 1:
+            lanes = [
+                self.render_alu(
+                    op,
+                    dtype.scalar(),
+                    [_lane(o, i, sd) for o, sd in zip(operands, src_dtypes, strict=True)],
+                    [sd.scalar() for sd in src_dtypes],
+                )
+                for i in range(dtype.count)
+            ]
+            return self.render_vector(dtype, lanes)
+        compute = src_dtypes[0] if op in GroupOp.Comparison else dtype
+        if compute.scalar() in _HALFS and op is not Ops.WHERE:
+            as_float = [
+                self.render_cast(o, sd, dtypes.float32) if sd.scalar() in _HALFS else o
+                for o, sd in zip(operands, src_dtypes, strict=True)
+            ]
+            float_srcs = [dtypes.float32 if sd.scalar() in _HALFS else sd for sd in src_dtypes]
+            if op in GroupOp.Comparison:
+                return super().render_alu(op, dtype, as_float, float_srcs)
+            return self.render_cast(super().render_alu(op, dtypes.float32, as_float, float_srcs), dtypes.float32, dtype)
+        return super().render_alu(op, dtype, operands, src_dtypes)
+
+    # *** tensor cores ***
+
+    def render_wmma(self, arg: tuple) -> tuple[str, str]:
+        """The name and definition of the device function for a WMMA with `arg`: (name, dims, dtype_in, dtype_out,
+        threads, elements_per_thread, layout) as codegen writes it (`lazygrad_codegen.tensor_cores.wmma_arg`).
+
+        One `mma.sync.aligned.m16n8k16` (or `m16n8k8`) `.row.col` by the 32 threads of a warp: dims (N, M, K) =
+        (8, 16, 16 or 8), fp16 or bf16 inputs, fp32 accumulator. Each thread passes its A fragment (K/2 values), B
+        fragment (K/4) and C fragment (4) as vectors whose lanes are the instruction's registers in order (two 16-bit
+        values packed per 32-bit register, the lower lane in the low half), so the tensor core's layout must be
+        `MMA_M16N8K16_LAYOUT` (or `MMA_M16N8K8_LAYOUT`).
+        """
+        name, dims, dtype_in, dtype_out, threads = arg[:5]
+        layout = arg[6] if len(arg) > 6 else ()
+        n, m, k = dims
+        if (n, m) != (8, 16) or k not in _MMA_LAYOUTS or dtype_in not in _MMA_INPUTS or dtype_out != dtypes.float32:
+            raise NotImplementedError(
+                "the CUDA renderer writes mma.sync m16n8k16 and m16n8k8 with fp16/bf16 inputs and fp32 accumulate; "
+                f"got dims (N, M, K) {dims}, {dtype_in} -> {dtype_out}"
+            )
+        if threads != 32 or (layout and _as_tuples(layout) != _MMA_LAYOUTS[k]):
+            raise NotImplementedError(
+                f"tensor core {name} has {threads} threads and layout {layout}, but mma.sync.m16n8k{k} is run by 32 "
+                f"threads holding their operands as {_MMA_LAYOUTS[k]} (PTX ISA fragment layout)"
+            )
+        fn = "lg_" + re.sub(r"\W", "_", str(name))
+        ptx_in = _MMA_INPUTS[dtype_in]
+        a_t, b_t, c_t = (
+            self.render_dtype(d) for d in (dtype_in.vec(k // 2), dtype_in.vec(k // 4), dtypes.float32.vec(4))
+        )
+        (a_regs, *a_lanes), (b_regs, *b_lanes) = _REGISTERS[k // 4], _REGISTERS[k // 8]
+        inputs = [f'"r"(ar{lane})' for lane in a_lanes] + [f'"r"(br{lane})' for lane in b_lanes]
+        a_ops = ", ".join(f"%{4 + i}" for i in range(len(a_lanes)))
+        b_ops = ", ".join(f"%{4 + len(a_lanes) + i}" for i in range(len(b_lanes)))
+        body = f"""__device__ __forceinline__ {c_t} {fn}({a_t} a, {b_t} b, {c_t} c) {{
+  {a_regs} ar = __builtin_bit_cast({a_regs}, a);
+  {b_regs} br = __builtin_bit_cast({b_regs}, b);
+  asm("mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx_in}.{ptx_in}.f32 {{%0, %1, %2, %3}}, {{{a_ops}}}, {{{b_ops}}}, "
+      "{{%0, %1, %2, %3}};"
+      : "+f"(c.x), "+f"(c.y), "+f"(c.z), "+f"(c.w)
+      : {", ".join(inputs)});
+  return c;
+}}"""
+        return fn, body
+
+    # *** the walk ***
+
+    def render(self, uops: list[UOp]) -> str:
+        """CUDA C source of the linear program `uops`."""
+        return _Writer(self, uops).source()
+
+
+def _as_tuples(x: object) -> object:
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (tuple, list)) else x
+
+
+def _lane(expr: str, i: int, dtype: DType) -> str:
+    """Lane `i` of vector expression `expr`, or the scalar itself (broadcast) when `dtype` is not a vector."""
+    return f"({expr}).{LANES[i]}" if dtype.count > 1 else expr
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+class _Writer:
+    """One rendering of one linear program: names values, writes statements, and collects what the prelude needs
+    (headers, vector structs, helper functions)."""
+
+    def __init__(self, renderer: CUDARenderer, uops: list[UOp]) -> None:
+        self.ren, self.uops = renderer, uops
+        self.r: dict[UOp, str] = {}
+        self.lines: list[str] = []
+        self.params: list[tuple[str, DType]] = []
+        self.helpers: dict[str, str] = {}
+        self.counter: dict[str, int] = {}
+        self.indent = 1
+        self.users: dict[UOp, list[UOp]] = {u: [] for u in uops}
+        self.depth_at: dict[UOp, int] = {}
+        depth = 0
+        for u in uops:
+            if u.op in GroupOp.BlockEnd:
+                depth -= 1
+            self.depth_at[u] = depth
+            if u.op in GroupOp.Block:
+                depth += 1
+            for s in u.src:
+                if s in self.users:
+                    self.users[s].append(u)
+
+    def fresh(self, prefix: str) -> str:
+        self.counter[prefix] = self.counter.get(prefix, 0) + 1
+        return f"{prefix}{self.counter[prefix] - 1}"
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.indent + text)
+
+    def inline(self, u: UOp) -> bool:
+        """Whether `u`'s expression can be written into its only user instead of into a variable of its own: not
+        into a MAX, or lane by lane into a vector op, whose code repeats an operand (inlining chains of them would
+        grow the source exponentially)."""
+        us = self.users[u]
+        if len(us) != 1 or self.depth_at[us[0]] != self.depth_at[u] or us[0].op in GroupOp.Block:
+            return False
+        if us[0].op is Ops.MAX or (u.dtype.count > 1 and us[0].op not in (Ops.STORE, Ops.ASSIGN, Ops.WMMA)):
+            return False
+        # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
+        return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
+
+    def value(self, u: UOp, expr: str, prefix: str) -> None:
+        """Name `u`'s value: its expression if it is inlined, else a new variable holding it."""
+        if self.inline(u):
+            self.r[u] = expr
+        else:
+            self.r[u] = self.fresh(prefix)
+            self.line(f"{self.ren.render_dtype(u.dtype)} {self.r[u]} = {expr};")
+
+    def pointer(self, index: UOp, dtype: DType) -> str:
+        """The address of an INDEX as a pointer to `dtype` values: cast when a vector is loaded from or stored to
+        a buffer of scalars."""
+        ptr = self.r[index]
+        base = index.dtype.base if isinstance(index.dtype, PtrDType) else index.dtype
+        return ptr if base == dtype else f"(({self.ren.render_dtype(dtype)}*)({ptr}))"
+
+    def source(self) -> str:
+        ren, r = self.ren, self.r
+        for u in self.uops:
+            op, src = u.op, u.src
+            if op in (Ops.SINK, Ops.NOOP):
+                continue
+            if op is Ops.DEFINE_GLOBAL:
+                r[u] = f"data{u.arg}"
+                self.params.append((r[u], u.dtype))
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                self.params.append((r[u], u.dtype))
+            elif op is Ops.DEFINE_LOCAL:
+                assert isinstance(u.dtype, PtrDType), "DEFINE_LOCAL has a pointer dtype"
+                if u.dtype.size <= 0:
+                    raise ValueError(f"DEFINE_LOCAL {u.arg!r} needs a known size, got {u.dtype!r}")
+                r[u] = u.arg if isinstance(u.arg, str) and u.arg.isidentifier() else f"smem{u.arg}"
+                self.line(f"__shared__ __align__(16) {ren.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
+            elif op is Ops.CONST:
+                r[u] = ren.render_const(u.arg, u.dtype)
+            elif op is Ops.VCONST:
+                r[u] = ren.render_vector(u.dtype, [ren.render_const(v, u.dtype.scalar()) for v in u.arg])
+            elif op is Ops.SPECIAL:
+                name, size = u.arg
+                r[u] = name
+                self.line(f"int {name} = {ren.render_workitem(name[0], int(name[-1]))}; /* {size} */")
+            elif op is Ops.RANGE:
+                r[u] = f"ridx{u.arg}"
+                self.line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                self.indent += 1
+            elif op is Ops.IF:
+                self.line(f"if ({r[src[0]]}) {{")
+                self.indent += 1
+            elif op in (Ops.END, Ops.ENDIF):
+                self.indent -= 1
+                self.line("}")
+            elif op is Ops.BARRIER:
+                self.line("__syncthreads();")
+            elif op is Ops.DEFINE_ACC:
+                r[u] = f"acc{u.arg[0]}"
+                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
+            elif op is Ops.ASSIGN:
+                r[u] = r[src[0]]
+                self.line(f"{r[u]} = {r[src[1]]};")
+            elif op is Ops.INDEX:
+                r[u] = f"({r[src[0]]}+{r[src[1]]})"
+            elif op is Ops.LOAD:
+                ptr = self.pointer(src[0], u.dtype)
+                value = (
+                    f"(*{ptr})" if len(src) == 1 or src[1].op is Ops.BARRIER else f"({r[src[2]]}?*{ptr}:{r[src[1]]})"
+                )
+                r[u] = self.fresh("val")
+                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {value};")
+            elif op is Ops.STORE:
+                store = f"*{self.pointer(src[0], src[1].dtype)} = {r[src[1]]};"
+                self.line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
+            elif op is Ops.VECTORIZE:
+                self.value(u, ren.render_vector(u.dtype, [r[s] for s in src]), "vec")
+            elif op is Ops.GEP:
+                lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+                picked = [_lane(r[src[0]], i, src[0].dtype) for i in lanes]
+                self.value(u, picked[0] if len(picked) == 1 else ren.render_vector(u.dtype, picked), "gep")
+            elif op is Ops.WMMA:
+                fn, body = ren.render_wmma(u.arg)
+                self.helpers[fn] = body
+                r[u] = self.fresh("wmma")
+                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {fn}({', '.join(r[s] for s in src)});")
+            elif op is Ops.CAST:
+                self.value(u, ren.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op is Ops.BITCAST:
+                self.value(u, ren.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op in GroupOp.ALU:
+                if op is Ops.THREEFRY:
+                    self.helpers["lg_threefry"] = _THREEFRY
+                expr = ren.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src])
+                self.value(u, expr, "alu")
+            else:
+                raise NotImplementedError(f"the CUDA renderer can't render {op}")
+        return self.assemble()
+
+    def prelude(self) -> list[str]:
+        """Headers and definitions the kernel's types and helpers need, each written once."""
+        dts = {u.dtype for u in self.uops} | {u.dtype.base for u in self.uops if isinstance(u.dtype, PtrDType)}
+        dts |= {d.base for d in list(dts) if isinstance(d, PtrDType)}
+        scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
+        out: list[str] = []
+        if dtypes.float16 in scalars:
+            out.append("#include <cuda_fp16.h>")
+        if dtypes.bfloat16 in scalars:
+            out.append("#include <cuda_bf16.h>")
+        structs = {
+            self.ren.render_dtype(d): d
+            for d in dts
+            if not isinstance(d, PtrDType) and d.count > 1 and self.ren.render_dtype(d).startswith("lg_")
+        }
+        for u in self.uops:
+            if u.op is Ops.WMMA:  # the helper takes and returns vectors the kernel may never name
+                k = u.arg[1][2]
+                for d in (u.arg[2].vec(k // 2), u.arg[2].vec(k // 4)):
+                    structs.setdefault(self.ren.render_dtype(d), d)
+        for name, d in sorted(structs.items()):
+            nbytes = d.scalar().itemsize * d.count
+            align = f"__align__({nbytes}) " if _is_power_of_two(nbytes) and nbytes <= 16 else ""
+            fields = ", ".join(LANES[: d.count])
+            out.append(f"struct {align}{name} {{ {self.ren.render_dtype(d.scalar())} {fields}; }};")
+        return out + list(self.helpers.values())
+
+    def assemble(self) -> str:
+        name = kernel_function_name(self.uops)
+        threads = math.prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("l"))
+        bounds = (
+            f"__launch_bounds__({threads}) "
+            if any(u.op is Ops.SPECIAL and u.arg[0][0] == "l" for u in self.uops)
+            else ""
+        )
+        args = [
+            f"{self.ren.render_dtype(dt)} {pname}" if isinstance(dt, PtrDType) else f"{self.ren.arg_int_prefix} {pname}"
+            for pname, dt in self.params
+        ]
+        head = f"{self.ren.kernel_prefix}void {bounds}{name}({', '.join(args)}) {{"
+        return "\n".join([*self.prelude(), head, *self.lines, "}", ""])

@@ -1,0 +1,19 @@
+"""Makes the shared helpers of these tests (`cuda_helpers`) importable (the suite runs in importlib mode, which puts no
+test folder on sys.path), and gives the `gpu` fixture: a real GPU opened, or a skip saying why there is none."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The opened CUDA device 0, or a skip saying why this machine has none."""
+    from lazygrad_cuda.plugin import cuda_usable, open_cuda
+
+    if (why := cuda_usable()) is not None:
+        pytest.skip(f"needs an NVIDIA GPU: {why}")
+    return open_cuda("CUDA")

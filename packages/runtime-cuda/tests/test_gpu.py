@@ -1,0 +1,142 @@
+"""The CUDA device on a real GPU, against numpy: copies, sub-buffers and pinned memory, kernels using shared memory,
+vectors and barriers, mma.sync tensor cores, timing, CUDA graphs, transfers between GPUs, and Tensors on CUDA.
+Every test skips, saying why, on a machine without an NVIDIA GPU and driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_helpers import glob, linear, load, mma_program, shared_vector_program, shared_vector_reference, special, store
+
+from lazygrad_cuda.device import CUDADevice
+from lazygrad_cuda.graph import CUDAGraph
+from lazygrad_uop.device import BufferSpec, KernelLaunch
+from lazygrad_uop.dtype import DType, dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+
+RNG = np.random.default_rng(0)
+
+
+def _to_gpu(gpu: CUDADevice, arr: np.ndarray):
+    buf = gpu.allocator.alloc(max(arr.nbytes, 1))
+    gpu.allocator.copyin(buf, memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return buf
+
+
+def _from_gpu(gpu: CUDADevice, buf, like: np.ndarray) -> np.ndarray:
+    out = np.empty_like(like)
+    gpu.allocator.copyout(memoryview(out).cast("B"), buf)
+    return out
+
+
+def _program(gpu: CUDADevice, uops: list[UOp]):
+    name = uops[-1].arg
+    return gpu.runtime(name, gpu.compiler.compile(gpu.renderer.render(uops)))
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns of float32 values that bfloat16 holds exactly."""
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_copies_round_trip_through_staging(gpu: CUDADevice) -> None:
+    data = RNG.standard_normal(3 * gpu.allocator.STAGING_CHUNK // 4 + 5).astype(np.float32)  # several chunks
+    buf = _to_gpu(gpu, data)
+    np.testing.assert_array_equal(_from_gpu(gpu, buf, data), data)
+    part = gpu.allocator._offset(buf, 400, 4000)
+    np.testing.assert_array_equal(_from_gpu(gpu, part, np.empty(100, np.float32)), data[1000:1100])
+    pinned = gpu.allocator.alloc(64, BufferSpec(host=True))
+    gpu.allocator.copyin(pinned, memoryview(bytes(range(64))))
+    out = bytearray(64)
+    gpu.allocator.copyout(memoryview(out), pinned)
+    assert bytes(out) == bytes(range(64))
+
+
+def test_shared_memory_vectors_and_barrier(gpu: CUDADevice) -> None:
+    src = RNG.standard_normal(64).astype(np.float32)
+    out, halves = np.zeros(64, np.float32), np.zeros(32, np.float16)
+    bufs = [_to_gpu(gpu, out), _to_gpu(gpu, src), _to_gpu(gpu, halves)]
+    _program(gpu, shared_vector_program())(*bufs, local_size=(16, 1, 1), wait=True)
+    want_out, want_halves = shared_vector_reference(src.tolist())
+    np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), np.array(want_out, np.float32))
+    np.testing.assert_array_equal(_from_gpu(gpu, bufs[2], halves), np.array(want_halves, np.float32).astype(np.float16))
+
+
+@pytest.mark.parametrize("k", [16, 8])
+@pytest.mark.parametrize("dtype_in", [dtypes.float16, dtypes.bfloat16], ids=str)
+def test_mma_sync_matches_numpy(gpu: CUDADevice, dtype_in: DType, k: int) -> None:
+    if int(gpu.arch[3:5]) < 80:
+        pytest.skip(f"mma.sync m16n8k{k} with {dtype_in} needs sm_80 or newer; this GPU is {gpu.arch}")
+    a = RNG.integers(-4, 5, (16, k)).astype(np.float32)
+    b = RNG.integers(-4, 5, (k, 8)).astype(np.float32)
+    if dtype_in == dtypes.float16:
+        a_in, b_in = a.astype(np.float16), b.astype(np.float16)
+    else:
+        a_in, b_in = _bf16_bits(a), _bf16_bits(b)
+    d = np.zeros((16, 8), np.float32)
+    bufs = [_to_gpu(gpu, d), _to_gpu(gpu, a_in), _to_gpu(gpu, b_in)]
+    _program(gpu, mma_program(dtype_in, k))(*bufs, local_size=(32, 1, 1), wait=True)
+    np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], d), a @ b)
+
+
+def _add_program(n: int) -> list[UOp]:
+    """data0[i] = data1[i] + data2[i] + k for n blocks of one thread, k a variable."""
+    i = special("gidx0", n)
+    k = UOp.variable("k", -1000, 1000)
+    total = load(glob(1, dtypes.float32, n), i) + load(glob(2, dtypes.float32, n), i) + k.cast(dtypes.float32)
+    prog = linear("add_k", store(glob(0, dtypes.float32, n), i, total))
+    # the variable is a parameter after the buffers
+    globals_ = [u for u in prog if u.op is Ops.DEFINE_GLOBAL]
+    return [*globals_, k, *(u for u in prog if u.op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR))]
+
+
+def test_launch_timing_and_graph_replay(gpu: CUDADevice) -> None:
+    n = 1000
+    x, y = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    out = np.zeros(n, np.float32)
+    bx, by, b1, b2 = _to_gpu(gpu, x), _to_gpu(gpu, y), _to_gpu(gpu, out), _to_gpu(gpu, out)
+    prog = _program(gpu, _add_program(n))
+    seconds = prog(b1, bx, by, global_size=(n, 1, 1), vals=(3,), wait=True)
+    assert seconds is not None and 0 < seconds < 1
+    np.testing.assert_allclose(_from_gpu(gpu, b1, out), x + y + 3, rtol=1e-6)
+    launches = [
+        KernelLaunch(prog, (b1, bx, by), (n, 1, 1), vals=(1,)),
+        KernelLaunch(prog, (b2, b1, by), (n, 1, 1), vals=(2,)),
+    ]
+    graph = CUDAGraph(gpu, launches)
+    assert graph(wait=True) > 0
+    np.testing.assert_allclose(_from_gpu(gpu, b2, out), x + 2 * y + 3, rtol=1e-5)
+    graph.update({1: KernelLaunch(prog, (b2, b1, bx), (n, 1, 1), vals=(-5,))})
+    graph()
+    gpu.synchronize()
+    np.testing.assert_allclose(_from_gpu(gpu, b2, out), 2 * x + y - 4, rtol=1e-5, atol=1e-6)
+
+
+def test_transfers_on_one_gpu_and_between_gpus(gpu: CUDADevice) -> None:
+    data = RNG.standard_normal(4096).astype(np.float32)
+    src, dst = _to_gpu(gpu, data), _to_gpu(gpu, np.zeros_like(data))
+    gpu.allocator._transfer(dst, src, data.nbytes, gpu, gpu)
+    np.testing.assert_array_equal(_from_gpu(gpu, dst, data), data)
+    from cuda.bindings import driver
+
+    if driver.cuDeviceGetCount()[1] < 2:
+        pytest.skip("transfers between GPUs need two of them; this machine has one")
+    other = CUDADevice("CUDA:1")
+    far = other.allocator.alloc(data.nbytes)
+    other.allocator._transfer(far, src, data.nbytes, gpu, other)
+    np.testing.assert_array_equal(_from_gpu(other, far, data), data)
+
+
+def test_tensors_on_cuda_match_numpy(gpu: CUDADevice) -> None:
+    lazygrad = pytest.importorskip("lazygrad", reason="needs the lazygrad frontend")
+    a, b = RNG.standard_normal((33, 17)).astype(np.float32), RNG.standard_normal((17, 9)).astype(np.float32)
+    ta, tb = lazygrad.Tensor(a, device="CUDA"), lazygrad.Tensor(b, device="CUDA")
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose((ta.exp() * 2).sum(axis=1).numpy(), (np.exp(a) * 2).sum(axis=1), rtol=1e-5)
+    h = a.astype(np.float16)
+    np.testing.assert_allclose(lazygrad.Tensor(h, device="CUDA").relu().numpy(), np.maximum(h, 0))
+    # shapes the tensor cores tile (used where the GPU has them registered)
+    x, y = RNG.integers(-3, 4, (64, 96)).astype(np.float16), RNG.integers(-3, 4, (96, 32)).astype(np.float16)
+    got = (lazygrad.Tensor(x, device="CUDA").float() @ lazygrad.Tensor(y, device="CUDA").float()).numpy()
+    np.testing.assert_array_equal(got, x.astype(np.float32) @ y.astype(np.float32))
