@@ -10,7 +10,7 @@ from lazygrad_uop.registry import Device
 settings.register_profile("ops", max_examples=12, deadline=None, derandomize=True)
 settings.load_profile("ops")
 
-OP_DEVICES = ["CPU", "PYTHON"]
+OP_DEVICES = ["CPU", "PYTHON", "CL", "CUDA"]
 
 
 @pytest.fixture(params=OP_DEVICES, scope="session")

@@ -1,3 +1,37 @@
-"""lazygrad's AMD device: will hold the OpenCL renderer and runtime through pyopencl (any OpenCL platform,
-PoCL included), AMDGPU code objects through LLVM and the WMMA tensor-core descriptions. `plugin` registers the
-`AMD` device."""
+"""lazygrad's AMD package: the `CL` device (OpenCL through pyopencl, on any OpenCL platform, PoCL included), the `AMD`
+device (an AMD GPU on AMD's OpenCL platform), and the `HIP` device (AMDGPU code objects that LLVM builds, run through
+libamdhip64), with the renderers they use and the WMMA/MFMA tensor-core descriptions. `lazygrad_amd.plugin` registers
+them.
+
+The classes are imported on first use, so that loading the plugin stays cheap and a missing OpenCL or HIP runtime
+shows up as "device not usable" rather than as a plugin that fails to import."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "OpenCLRenderer": "lazygrad_amd.opencl_renderer",
+    "CLDevice": "lazygrad_amd.opencl",
+    "CLAllocator": "lazygrad_amd.opencl",
+    "CLCompiler": "lazygrad_amd.opencl",
+    "CLProgram": "lazygrad_amd.opencl",
+    "cl_devices": "lazygrad_amd.opencl",
+    "AMDGPURenderer": "lazygrad_amd.amdgpu_renderer",
+    "AMDGPUCompiler": "lazygrad_amd.amdgpu_compiler",
+    "find_ld_lld": "lazygrad_amd.amdgpu_compiler",
+    "HIPDevice": "lazygrad_amd.hip",
+    "HIPAllocator": "lazygrad_amd.hip",
+    "HIPProgram": "lazygrad_amd.hip",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lazygrad_amd' has no attribute {name!r}")
