@@ -414,3 +414,12 @@ def test_bad_input_errors(device: str) -> None:
     with pytest.raises(ValueError, match="one element"):
         t.item()
     assert math.isclose(Tensor.ones(1, device=device).item(), 1.0)
+
+
+@pytest.mark.parametrize(
+    "sa,sb",
+    [((2, 3, 4), (2, 4, 5)), ((4,), (2, 4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4,))],
+)
+def test_batched_matmul_broadcasts_like_numpy(device: str, sa: tuple, sb: tuple) -> None:
+    a, b = rand_np(sa, dtypes.float32, 1), rand_np(sb, dtypes.float32, 2)
+    check(Tensor(a, device=device) @ Tensor(b, device=device), a @ b, rtol=1e-5, atol=1e-5)

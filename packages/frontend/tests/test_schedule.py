@@ -141,3 +141,12 @@ def test_elementwise_assign_stays_one_kernel() -> None:
     t = rnd(8, 8).realize()
     t.assign(t * 2 + 1)
     assert len(t.schedule()) == 1
+
+
+def test_pad_of_a_value_that_is_not_zero_at_zero() -> None:
+    x = np.array([1.0, 2.0], np.float32)
+    np.testing.assert_allclose(Tensor(x).exp().pad(((1, 1),)).numpy(), np.pad(np.exp(x), 1), rtol=1e-6)
+    np.testing.assert_allclose(Tensor(x).reciprocal().pad(((1, 0),)).numpy(), np.pad(1 / x, (1, 0)), rtol=1e-6)
+    np.testing.assert_allclose(Tensor(x).log2().pad(((0, 2),)).numpy(), np.pad(np.log2(x), (0, 2)), rtol=1e-6)
+    # ops that keep 0 at 0 still fuse the pad into one kernel
+    assert len((Tensor(x) * 2 + 1).pad(((1, 1),)).schedule()) == 1

@@ -1,18 +1,48 @@
-"""Execution: compile each scheduled kernel once per device, run it, and report kernel statistics at DEBUG>=2."""
+"""Execution: compile each scheduled kernel once per device, run it, and report kernel statistics at DEBUG>=2.
+
+A `ScheduleItem` is lowered to an `ExecItem`: a runner (a compiled kernel, or a copy between devices), the buffers
+it runs on and the values of its symbolic variables. `run_schedule` runs them in order; while a `TinyJit` captures
+(see `capturing`), the ExecItems it runs are also recorded for replay.
+"""
 
 from __future__ import annotations
 
 import atexit
 import time
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from lazygrad_codegen import ProgramSpec, get_program
 from lazygrad_scheduler import ScheduleItem
+from lazygrad_scheduler.memory import plan_memory
 from lazygrad_uop.config import DEBUG
-from lazygrad_uop.device import Buffer, CompiledDevice, Program
+from lazygrad_uop.device import Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, eval_uop, sint
+
+
+def sym_infer(x: sint, var_vals: Mapping[UOp, int]) -> int:
+    """The value of size `x` with the variables of `var_vals` substituted."""
+    if isinstance(x, int):
+        return x
+    try:
+        return int(eval_uop(x, dict(var_vals)))
+    except KeyError as exc:
+        raise ValueError(f"no value for a variable of {x.render()}: bind it (Variable(...).bind(value))") from exc
+
+
+class Runner(Protocol):
+    """What an ExecItem runs: called with its buffers (slot order) and variable values."""
+
+    name: str
+    device: str
+
+    def __call__(
+        self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Mapping[UOp, int] | None = None
+    ) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -21,14 +51,97 @@ class CompiledRunner:
 
     spec: ProgramSpec
     program: Program
+    device: str = ""
 
-    def __call__(self, bufs: tuple[Buffer, ...], wait: bool = False) -> float | None:
-        """Run on `bufs` (slot order); with wait=True, return the kernel's run time in seconds."""
+    @property
+    def name(self) -> str:
+        """The kernel's name."""
+        return self.spec.name
+
+    def vals(self, var_vals: Mapping[UOp, int] | None) -> tuple[int, ...]:
+        """The program's variable arguments, in parameter order, from `var_vals`."""
+        if not self.spec.vars:
+            return ()
+        missing = [v.expr for v in self.spec.vars if var_vals is None or v not in var_vals]
+        if missing:
+            raise ValueError(f"kernel {self.spec.name} needs values for variables {missing}; bind them")
+        assert var_vals is not None
+        return tuple(var_vals[v] for v in self.spec.vars)
+
+    def launch(self, bufs: Sequence[Buffer], var_vals: Mapping[UOp, int] | None = None) -> KernelLaunch:
+        """This kernel's launch on `bufs` with `var_vals`, as a device graph takes it."""
+        gs = self.spec.global_size
+        if not all(isinstance(g, int) for g in gs):
+            gs = tuple(sym_infer(g, var_vals or {}) for g in gs)
+        handles = tuple(bufs[slot].handle for slot in self.spec.globals)
+        return KernelLaunch(self.program, handles, gs, self.spec.local_size, self.vals(var_vals))  # type: ignore[arg-type]
+
+    def __call__(
+        self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Mapping[UOp, int] | None = None
+    ) -> float | None:
+        """Run on `bufs` (slot order) with variable values `var_vals`; with wait=True, return the run time."""
         # a slot whose loads were simplified away (e.g. fully masked) is not a parameter of the program
         handles = [bufs[slot].handle for slot in self.spec.globals]
+        gs = self.spec.global_size
+        if not all(isinstance(g, int) for g in gs):
+            gs = tuple(sym_infer(g, var_vals or {}) for g in gs)
         return self.program(
-            *handles, global_size=self.spec.global_size, local_size=self.spec.local_size, vals=(), wait=wait
+            *handles, global_size=gs, local_size=self.spec.local_size, vals=self.vals(var_vals), wait=wait
         )
+
+
+@dataclass(frozen=True)
+class BufferCopy:
+    """Copies a whole buffer to one of the same size, possibly on another device, through host memory."""
+
+    device: str
+
+    @property
+    def name(self) -> str:
+        """What the copy is, for DEBUG output."""
+        return "copy"
+
+    def __call__(
+        self, bufs: Sequence[Buffer], wait: bool = False, var_vals: Mapping[UOp, int] | None = None
+    ) -> float | None:
+        """Copy bufs[1] into bufs[0]; with wait=True, return the seconds it took."""
+        dest, src = bufs[0], bufs[1]
+        st = time.perf_counter()
+        host = memoryview(bytearray(src.nbytes))
+        src.copyout(host)
+        dest.copyin(host)
+        return time.perf_counter() - st if wait else None
+
+
+@dataclass
+class ExecItem:
+    """One step of running a schedule: `runner` on `bufs` with the variable values `var_vals`."""
+
+    runner: CompiledRunner | BufferCopy
+    bufs: list[Buffer]
+    var_vals: dict[UOp, int] = field(default_factory=dict)
+
+    def run(self, var_vals: Mapping[UOp, int] | None = None, wait: bool = False) -> float | None:
+        """Run it (allocating buffers without memory); `var_vals` override the item's own values. With wait=True
+        (or DEBUG>=2, which also prints a line about it), return the run time in seconds."""
+        for b in self.bufs:
+            if not b.is_allocated:
+                b.allocate()
+        vals = self.var_vals if not var_vals else {**self.var_vals, **var_vals}
+        elapsed = self.runner(self.bufs, wait=wait or DEBUG >= 2, var_vals=vals)
+        if DEBUG >= 2 and elapsed is not None:
+            self.report(elapsed, vals)
+        return elapsed
+
+    def report(self, seconds: float, var_vals: Mapping[UOp, int]) -> None:
+        """Print the DEBUG=2 line of one run that took `seconds`."""
+        r = self.runner
+        if isinstance(r, CompiledRunner):
+            ops, mem = (sym_infer(x, var_vals) for x in (r.spec.estimates.ops, r.spec.estimates.mem))
+            _report(r.spec.name, self.bufs[0].device, seconds, ops, mem)
+        else:
+            dest, src = self.bufs[0], self.bufs[1]
+            _report(f"copy {dest.nbytes} bytes {src.device} -> {dest.device}", dest.device, seconds, 0, 2 * dest.nbytes)
 
 
 _runners: dict[tuple[str, UOp], CompiledRunner] = {}
@@ -41,7 +154,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
         dev: CompiledDevice = Device[device]
         spec = get_program(ast, dev.renderer)
         lib = dev.compiler.compile_cached(spec.src)
-        runner = _runners[key] = CompiledRunner(spec, dev.runtime(spec.name, lib))
+        runner = _runners[key] = CompiledRunner(spec, dev.runtime(spec.name, lib), device)
     return runner
 
 
@@ -56,35 +169,46 @@ class _Stats:
 _stats = _Stats()
 
 
-def _copy(si: ScheduleItem) -> None:
-    dest, src = si.bufs
-    host = memoryview(bytearray(src.nbytes))
-    src.copyout(host)
-    dest.copyin(host)
+def lower_schedule_item(si: ScheduleItem, plan: Mapping[Buffer, Buffer] | None = None) -> ExecItem:
+    """The ExecItem that runs `si` (compiling its kernel on first use), with buffers replaced as `plan` says."""
+    bufs = list(si.bufs) if not plan else [plan.get(b, b) for b in si.bufs]
+    if si.ast.op is Ops.COPY:
+        return ExecItem(BufferCopy(si.bufs[0].device), bufs, si.var_vals)
+    return ExecItem(get_runner(si.bufs[0].device, si.ast), bufs, si.var_vals)
 
 
-def run_schedule(items: list[ScheduleItem]) -> None:
-    """Run every item in order, allocating buffers as they are first needed."""
+# while a TinyJit captures, the ExecItems that run are appended here
+_captured: list[ExecItem] | None = None
+
+
+@contextmanager
+def capturing(into: list[ExecItem]) -> Iterator[None]:
+    """Record into `into` every ExecItem that `run_schedule` runs inside the `with` block."""
+    global _captured
+    if _captured is not None:
+        raise RuntimeError("a TinyJit function can't call another one while it is being captured")
+    _captured = into
+    try:
+        yield
+    finally:
+        _captured = None
+
+
+def is_capturing() -> bool:
+    """Whether a TinyJit is capturing the kernels that run now."""
+    return _captured is not None
+
+
+def run_schedule(items: list[ScheduleItem], intermediates: Collection[Buffer] = ()) -> None:
+    """Run every item in order, allocating buffers as they are first needed. The `intermediates` (buffers nothing
+    reads after the schedule, see `lazygrad_scheduler.memory`) share memory where their lifetimes don't overlap;
+    not while a JIT captures, which plans the memory of the whole captured function itself."""
+    plan = plan_memory([si.bufs for si in items], intermediates) if intermediates and _captured is None else None
     for si in items:
-        for b in si.bufs:
-            if not b.is_allocated:
-                b.allocate()
-        if si.ast.op is Ops.COPY:
-            st = time.perf_counter()
-            _copy(si)
-            if DEBUG >= 2:
-                _report(
-                    f"copy {si.bufs[0].nbytes} bytes {si.bufs[1].device} -> {si.bufs[0].device}",
-                    si.bufs[0].device,
-                    time.perf_counter() - st,
-                    0,
-                    2 * si.bufs[0].nbytes,
-                )
-            continue
-        runner = get_runner(si.bufs[0].device, si.ast)
-        elapsed = runner(si.bufs, wait=DEBUG >= 2)
-        if DEBUG >= 2 and elapsed is not None:
-            _report(runner.spec.name, si.bufs[0].device, elapsed, runner.spec.estimates.ops, runner.spec.estimates.mem)
+        ei = lower_schedule_item(si, plan)
+        if _captured is not None:
+            _captured.append(ei)
+        ei.run()
 
 
 def _report(name: str, device: str, seconds: float, ops: int, mem: int) -> None:
@@ -95,17 +219,24 @@ def _report(name: str, device: str, seconds: float, ops: int, mem: int) -> None:
     s = max(seconds, 1e-9)
     print(
         f"*** {device:8s} {_stats.kernels:4d} {name:34s} {seconds * 1e3:9.3f} ms "
-        f"{ops / s * 1e-9:9.2f} GFLOPS {mem / s * 1e-9:8.2f} GB/s"
+        f"{ops / s * 1e-9:9.2f} GFLOPS {mem / s * 1e-9:8.2f} GB/s "
+        f"mem {MemoryUse.used.get(device, 0) / 1e6:8.2f} MB"
     )
+
+
+def report_graph(name: str, device: str, kernels: int, seconds: float) -> None:
+    """The DEBUG=2 line of a device graph that ran `kernels` kernels in `seconds`."""
+    _report(f"{name} ({kernels} kernels)", device, seconds, 0, 0)
 
 
 @atexit.register
 def _summary() -> None:
     if DEBUG >= 2 and _stats.kernels:
         s = max(_stats.seconds, 1e-9)
+        peak = ", ".join(f"{d} {b / 1e6:.2f} MB" for d, b in sorted(MemoryUse.peak.items()))
         print(
             f"*** total: {_stats.kernels} kernels in {_stats.seconds * 1e3:.3f} ms, "
-            f"{_stats.ops / s * 1e-9:.2f} GFLOPS, {_stats.mem / s * 1e-9:.2f} GB/s"
+            f"{_stats.ops / s * 1e-9:.2f} GFLOPS, {_stats.mem / s * 1e-9:.2f} GB/s, peak memory {peak}"
         )
 
 

@@ -7,13 +7,22 @@ import ctypes
 import math
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from contextlib import ContextDecorator
+from typing import Any, ClassVar
 
 import numpy as np
 
+from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
+from lazygrad.functional import FunctionalMixin
+from lazygrad.gradient import compute_gradient
+from lazygrad.indexing import IndexingMixin
+from lazygrad.movement import MovementMixin
+from lazygrad.random import RandomMixin
+from lazygrad.reduction import ReductionMixin
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
+from lazygrad_scheduler.memory import intermediate_buffers
 from lazygrad_scheduler.schedule import ScheduleItem
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import (
@@ -28,21 +37,25 @@ from lazygrad_uop.dtype import (
 )
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
-from lazygrad_uop.shape import device_of, shape_of
+from lazygrad_uop.shape import device_of, resolve, shape_of
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
 
-def _apply_becomes(becomes: dict[UOp, UOp]) -> None:
-    """Rewrite every live tensor's graph with `becomes`, so tensors that share a subgraph share its result."""
+def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
+    """Rewrite every live tensor's graph with `becomes`, so tensors that share a subgraph share its result; returns
+    the tensors it changed."""
     if not becomes:
-        return
+        return []
     keys = becomes.keys()
+    changed = []
     for t in list(_all_tensors):
         if not keys.isdisjoint(t.uop.toposort):
             t.uop = t.uop.substitute(becomes)
+            changed.append(t)
+    return changed
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
@@ -63,11 +76,32 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Tensor:
+class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, FunctionalMixin, RandomMixin):
     """A lazy tensor. Build with `Tensor([[1, 2], [3, 4]])`, `Tensor(np_array)`, `Tensor.zeros(3, 4)`, ...;
-    read with `.numpy()`, `.item()`, `.tolist()`."""
+    read with `.numpy()`, `.item()`, `.tolist()`.
+
+    The core (construction, realization, the primitive movement, elementwise and reduce ops) is here; the rest of
+    the API comes from the mixins, one module per kind of op: `elementwise`, `movement`, `indexing`, `reduction`,
+    `functional` (conv, pool, norms, losses) and `random`."""
 
     __slots__ = ("__weakref__", "grad", "requires_grad", "uop")
+
+    training: ClassVar[bool] = False
+    """True inside `Tensor.train()`: layers such as BatchNorm and dropout use their training behaviour."""
+    no_grad: ClassVar[bool] = False
+    """While True (see `lazygrad.no_grad()`), results of operations are cut from autograd as by `.detach()`."""
+
+    class train(ContextDecorator):  # noqa: N801 - tinygrad's and torch's name
+        """`with Tensor.train():` (or as a decorator) sets `Tensor.training` to `mode` and restores it after."""
+
+        def __init__(self, mode: bool = True) -> None:
+            self.mode = mode
+
+        def __enter__(self) -> None:
+            self.prev, Tensor.training = Tensor.training, self.mode
+
+        def __exit__(self, *exc: object) -> None:
+            Tensor.training = self.prev
 
     def __init__(
         self,
@@ -96,6 +130,10 @@ class Tensor:
             uop = _from_numpy(data.astype(_np_storage(dt), copy=False), dev, dt)
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
+        if requires_grad and uop.op is Ops.CONST:
+            uop = _unique_const(uop)
+        if Tensor.no_grad and isinstance(data, UOp) and uop.op is not Ops.DETACH and not is_view_of_leaf(uop):
+            uop = UOp(Ops.DETACH, uop.dtype, (uop,))
         self.uop: UOp = uop
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
@@ -142,6 +180,10 @@ class Tensor:
     def nbytes(self) -> int:
         """Bytes of all elements."""
         return self.numel() * self.element_size()
+
+    def is_floating_point(self) -> bool:
+        """True for floating-point dtypes."""
+        return dtypes.is_float(self.dtype)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -213,31 +255,21 @@ class Tensor:
         sq = diag.shrink(((0, k * k),)).reshape(k, k)
         return sq.pad(((0, n - k), (0, m - k)))
 
-    _seed: int = 0
-
     @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        """Seed `rand` so that later calls are reproducible."""
-        Tensor._seed = seed
-        Tensor._rng = np.random.default_rng(seed)
-
-    _rng: np.random.Generator = np.random.default_rng(0)
-
-    @staticmethod
-    def rand(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        """Uniform random values in [0, 1)."""
+    def linspace(
+        start: int | float, stop: int | float, steps: int, dtype: DType | str | None = None, device: str | None = None
+    ) -> Tensor:
+        """`steps` evenly spaced values from start to stop inclusive, as torch.linspace."""
+        if steps < 0:
+            raise ValueError(f"linspace needs a non-negative number of steps, got {steps}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if not dtypes.is_float(dt):
-            raise DTypeError(f"rand makes floats; got dtype {dt!r}")
-        vals = Tensor._rng.random(_shape_arg(shape), dtype=np.float32)
-        return Tensor(vals, device=device).cast(dt)
-
-    @staticmethod
-    def randn(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-        """Standard normal random values."""
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        vals = Tensor._rng.standard_normal(_shape_arg(shape), dtype=np.float32)
-        return Tensor(vals, device=device).cast(dt)
+        if steps == 1:
+            return Tensor.full((1,), start, dtype=dt, device=device)
+        step = (stop - start) / (steps - 1) if steps > 1 else 0.0
+        # torch fills the second half backwards from stop, so both ends are exact
+        i = np.arange(steps, dtype=np.float64)
+        vals = np.where(i < steps // 2, start + step * i, stop - step * (steps - 1 - i))
+        return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
 
     def full_like(self, fill_value: Any, dtype: DType | str | None = None) -> Tensor:
         """A tensor of this shape and device filled with `fill_value`."""
@@ -272,9 +304,11 @@ class Tensor:
     @staticmethod
     def _realize_all(tensors: Iterable[Tensor]) -> None:
         tensors = list(tensors)
-        _apply_becomes(kernelize([t.uop for t in tensors]))
+        becomes = kernelize([t.uop for t in tensors])
+        changed = _apply_becomes(becomes)
         items, done = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in tensors)))
-        run_schedule(items)
+        # buffers that only kernels of this schedule read can share memory (the other tensors can't reach them)
+        run_schedule(items, intermediate_buffers(becomes, [t.uop for t in changed]))
         _apply_becomes({a: a.src[0] for a in done})
 
     def assign(self, x: Any) -> Tensor:
@@ -299,9 +333,78 @@ class Tensor:
         """This tensor stored densely in its own buffer when realized."""
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
+    def clone(self) -> Tensor:
+        """A copy in its own buffer (later in-place updates of either don't show in the other)."""
+        return self.contiguous()
+
     def detach(self) -> Tensor:
         """The same values, cut from the autograd graph."""
         return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+    # *** autograd ***
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set `requires_grad` in place (None: undecided, an optimizer turns it on; False: never) and return self."""
+        if requires_grad and self.uop.op is Ops.CONST:
+            self.uop = _unique_const(self.uop)
+        self.requires_grad = requires_grad
+        return self
+
+    def gradient(
+        self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = False
+    ) -> list[Tensor]:
+        """The gradients of this tensor with respect to each of `targets`, as lazy tensors (nothing runs yet).
+
+        `gradient` seeds the backward pass (default: 1 for a one-element tensor). A target this tensor does not
+        depend on (or only through `detach` or non-differentiable ops) raises, or gets zeros with materialize_grads.
+        """
+        seed = self._gradient_seed(gradient)
+        grads = compute_gradient(self.uop, seed.uop, {t.uop for t in targets})
+        out = []
+        for t in targets:
+            if (g := grads.get(t.uop)) is not None:
+                out.append(Tensor(g))
+            elif materialize_grads:
+                out.append(t.zeros_like())
+            else:
+                raise RuntimeError(
+                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach or "
+                    "non-differentiable ops); pass materialize_grads=True to get zeros for it"
+                )
+        return out
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate the gradient of this tensor into `.grad` of every tensor with requires_grad=True it depends on.
+
+        Call it before realizing this tensor: realizing replaces the graph by its stored result. The gradients stay
+        lazy, so `Tensor.realize(*grads)` or an optimizer step computes them in one schedule with everything else.
+        """
+        graph = self.uop.toposort
+        leaves = [t for t in list(_all_tensors) if t.requires_grad and t.uop in graph]
+        grads = compute_gradient(self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves})
+        if not grads:
+            raise RuntimeError(
+                "backward() reached no tensor with requires_grad=True: set it on the inputs to differentiate (an "
+                "optimizer sets it on its parameters), and call backward() before the loss is realized"
+            )
+        for t in leaves:
+            if (g := grads.get(t.uop)) is not None:
+                t.grad = Tensor(g) if t.grad is None else t.grad.assign(t.grad + Tensor(g))
+        return self
+
+    def _gradient_seed(self, gradient: Tensor | None) -> Tensor:
+        if not dtypes.is_float(self.dtype):
+            raise DTypeError(f"only floating-point tensors have gradients, this one is {self.dtype!r}")
+        if gradient is None:
+            if self.numel() != 1:
+                raise ValueError(
+                    f"backward() without a gradient needs a one-element tensor, this one has shape {self.shape}; "
+                    "reduce it (e.g. .sum()) or pass gradient= of the same shape"
+                )
+            return self.full_like(1.0)
+        if gradient.shape != self.shape:
+            raise ValueError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
+        return gradient.cast(self.dtype)
 
     def to(self, device: str) -> Tensor:
         """This tensor on `device` (copied when realized)."""
@@ -328,6 +431,16 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
         npdt = to_numpy_dtype(self.dtype)
+        if not all(isinstance(d, int) for d in self.shape):
+            # a symbolic shape is read at the values its variables are bound to
+            shape = tuple(map(resolve, self.shape))
+            buf, st = (self if is_view_of_leaf(self.uop) else self.contiguous())._buffer_view()
+            st = st.substitute({b: b.src[1] for b in st.binds()})
+            if not st.contiguous:
+                return self.reshape(shape).numpy()
+            host = np.empty(buf.size, dtype=npdt)
+            buf.copyout(memoryview(host).cast("B"))
+            return host[: math.prod(shape)].reshape(shape)
         if self.numel() == 0:
             return np.zeros(self.shape, dtype=npdt)
         src = self if is_view_of_leaf(self.uop) else self.contiguous()
@@ -359,6 +472,11 @@ class Tensor:
     def reshape(self, *shape: Any) -> Tensor:
         """The same elements in a new shape; one dimension may be -1 (inferred)."""
         new = list(_shape_arg(shape))
+        if any(isinstance(d, UOp) for d in (*new, *self.shape)):
+            # symbolic sizes are checked at the values their variables are bound to
+            if -1 in new or math.prod(map(resolve, new)) != math.prod(map(resolve, self.shape)):
+                raise ValueError(f"can't reshape {self.shape} to {tuple(new)} (no -1 with symbolic sizes)")
+            return self if tuple(new) == self.shape else self._mop(Ops.RESHAPE, tuple(new))
         if new.count(-1) > 1:
             raise ValueError(f"only one dimension can be -1 in reshape, got {tuple(new)}")
         if -1 in new:
@@ -426,18 +544,25 @@ class Tensor:
         d = _normalize_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def pad(self, padding: Sequence[Any], value: float = 0.0) -> Tensor:
-        """Pad with `value`: one (before, after) pair per dimension, or a flat torch-style tuple from the last dim."""
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: float = 0.0) -> Tensor:
+        """Pad: one (before, after) pair per dimension, or a flat torch-style tuple from the last dim. mode
+        "constant" fills with `value`; "reflect", "replicate" and "circular" repeat the tensor's own elements."""
+        if not isinstance(mode, str):
+            raise TypeError(f"pad mode must be a string (the fill value is value=...), got {mode!r}")
         pairs = _pad_pairs(padding, self.ndim)
+        if mode != "constant":
+            return self._pad_mode(pairs, mode)
         if any(b < 0 or a < 0 for b, a in pairs):
             # negative padding crops, as in torch
             crop = tuple((max(0, -b), d - max(0, -a)) for (b, a), d in zip(pairs, self.shape))
-            return self.shrink(crop).pad(tuple((max(0, b), max(0, a)) for b, a in pairs), value)
+            return self.shrink(crop).pad(tuple((max(0, b), max(0, a)) for b, a in pairs), value=value)
         if all(b == 0 and a == 0 for b, a in pairs):
             return self
         out = self._mop(Ops.PAD, pairs)
-        if value == 0:
+        if value == 0 and not _nonzero_at_zero(self.uop):
             return out
+        # the padding of a fused kernel evaluates the padded expression with its inputs read as 0: right for most
+        # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly
         inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._mop(Ops.PAD, pairs)
         return inside.where(out, value)
 
@@ -445,9 +570,9 @@ class Tensor:
         """Keep [start, end) of each dimension (None keeps all of it)."""
         if len(arg) != self.ndim:
             raise ValueError(f"shrink needs one (start, end) per dimension of {self.shape}, got {arg}")
-        pairs = tuple((0, d) if a is None else (int(a[0]), int(a[1])) for a, d in zip(arg, self.shape))
+        pairs = tuple((0, d) if a is None else (_sint(a[0]), _sint(a[1])) for a, d in zip(arg, self.shape))
         for (b, e), d in zip(pairs, self.shape):
-            if not 0 <= b <= e <= d:
+            if not 0 <= resolve(b) <= resolve(e) <= resolve(d):
                 raise ValueError(f"shrink {pairs} is out of range for shape {self.shape}")
         return self if all(p == (0, d) for p, d in zip(pairs, self.shape)) else self._mop(Ops.SHRINK, pairs)
 
@@ -455,40 +580,6 @@ class Tensor:
         """Reverse the order of elements along `axis`."""
         axes = {_normalize_axis(a, self.ndim) for a in _shape_arg(axis)}
         return self._mop(Ops.FLIP, tuple(i in axes for i in range(self.ndim))) if axes else self
-
-    def __getitem__(self, index: Any) -> Tensor:
-        """Basic indexing: ints, slices (any step), None and Ellipsis."""
-        idx = index if isinstance(index, tuple) else (index,)
-        for i in idx:
-            if not (i is None or i is Ellipsis or isinstance(i, (int, slice)) or isinstance(i, np.integer)):
-                raise TypeError(f"index {i!r} is not supported yet: use ints, slices, None and ...")
-        if sum(i is Ellipsis for i in idx) > 1:
-            raise IndexError("an index can only have a single ellipsis")
-        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-        if n_real > self.ndim:
-            raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions")
-        if Ellipsis in idx:
-            e = idx.index(Ellipsis)
-            idx = idx[:e] + (slice(None),) * (self.ndim - n_real) + idx[e + 1 :]
-        else:
-            idx = idx + (slice(None),) * (self.ndim - n_real)
-        t, dim, out_shape = self, 0, []
-        for i in idx:
-            if i is None:
-                out_shape.append(1)
-                continue
-            size = self.shape[dim]
-            if isinstance(i, slice):
-                start, stop, step = i.indices(size)
-                t = t._slice_dim(dim, start, stop, step)
-                out_shape.append(t.shape[dim])
-            else:
-                j = int(i)
-                if not -size <= j < size:
-                    raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
-                t = t._slice_dim(dim, j % size, j % size + 1, 1)
-            dim += 1
-        return t.reshape(tuple(out_shape))
 
     def _slice_dim(self, dim: int, start: int, stop: int, step: int) -> Tensor:
         size = self.shape[dim]
@@ -580,6 +671,30 @@ class Tensor:
         """Cast to bool."""
         return self.cast(dtypes.bool)
 
+    def double(self) -> Tensor:
+        """Cast to float64."""
+        return self.cast(dtypes.float64)
+
+    def bfloat16(self) -> Tensor:
+        """Cast to bfloat16."""
+        return self.cast(dtypes.bfloat16)
+
+    def long(self) -> Tensor:
+        """Cast to int64."""
+        return self.cast(dtypes.int64)
+
+    def short(self) -> Tensor:
+        """Cast to int16."""
+        return self.cast(dtypes.int16)
+
+    def char(self) -> Tensor:
+        """Cast to int8."""
+        return self.cast(dtypes.int8)
+
+    def byte(self) -> Tensor:
+        """Cast to uint8."""
+        return self.cast(dtypes.uint8)
+
     def add(self, x: Any, reverse: bool = False) -> Tensor:
         """Elementwise sum."""
         a, b = self._broadcasted(x, reverse)
@@ -597,8 +712,15 @@ class Tensor:
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.AND if dtypes.is_bool(a.dtype) else Ops.MUL, b)
 
-    def div(self, x: Any, reverse: bool = False) -> Tensor:
-        """True division: integer inputs give the default float."""
+    def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """True division (integer inputs give the default float), or rounded as torch.div's rounding_mode "trunc"
+        or "floor" (integers stay integers)."""
+        if rounding_mode == "floor":
+            return self.floordiv(x, reverse)
+        if rounding_mode == "trunc":
+            return self.idiv(x, reverse)
+        if rounding_mode is not None:
+            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         a, b = self._broadcasted(x, reverse)
         ft = least_upper_float(a.dtype)
         a, b = a.cast(ft), b.cast(ft)
@@ -767,7 +889,10 @@ class Tensor:
     def sigmoid(self) -> Tensor:
         """1 / (1 + e**-x)."""
         t = self.cast(least_upper_float(self.dtype))
-        return (1 + (t * (-1 / math.log(2))).exp2()).reciprocal()
+        # from e = e**-|x| <= 1, so no intermediate overflows (an inf would make the gradient 0 * inf = nan)
+        e = (t.abs() * (-1 / math.log(2))).exp2()
+        r = (1 + e).reciprocal()
+        return (t >= 0).where(r, e * r)
 
     def tanh(self) -> Tensor:
         """Hyperbolic tangent, as 2*sigmoid(2x) - 1."""
@@ -876,7 +1001,10 @@ class Tensor:
             a, b = x._broadcasted(w)  # (..., k) * (k,), summed over k
         else:
             # (..., n, 1, k) * (..., m, k) broadcast to (..., n, m, k), summed over k; a 1-d x has no n axis
-            a, b = x.reshape(*x.shape[:-1], 1, k)._broadcasted(w.transpose(-1, -2))
+            wt = w.transpose(-1, -2)
+            if x.ndim > 1:
+                x, wt = x.reshape(*x.shape[:-1], 1, k), wt.reshape(*wt.shape[:-2], 1, *wt.shape[-2:])
+            a, b = x._broadcasted(wt)
         acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
         return (a * b).cast(acc)._reduce(Ops.ADD, -1, False).cast(dt)
 
@@ -939,21 +1067,29 @@ class Tensor:
         return self._alu(Ops.XOR, self._const_like(-1)._broadcast_to(self.shape))
 
     def __and__(self, x: Any) -> Tensor:
-        a, b = self._broadcasted(x)
-        return a._alu(Ops.AND, b)
+        return self.bitwise_and(x)
 
     def __or__(self, x: Any) -> Tensor:
-        a, b = self._broadcasted(x)
-        return a._alu(Ops.OR, b)
+        return self.bitwise_or(x)
 
     def __xor__(self, x: Any) -> Tensor:
-        a, b = self._broadcasted(x)
-        return a._alu(Ops.XOR, b)
+        return self.bitwise_xor(x)
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
         return bool(self.item())
+
+
+class no_grad(ContextDecorator):  # noqa: N801 - torch's name
+    """`with lazygrad.no_grad():` (or as a decorator): results computed inside are cut from autograd, as if
+    `.detach()`ed, so no later `backward()` reaches through them. Sets `Tensor.no_grad` and restores it after."""
+
+    def __enter__(self) -> None:
+        self.prev, Tensor.no_grad = Tensor.no_grad, True
+
+    def __exit__(self, *exc: object) -> None:
+        Tensor.no_grad = self.prev
 
 
 class _HostView:
@@ -964,6 +1100,20 @@ class _HostView:
         self._view, self._buf = view, buf
         address = ctypes.addressof(ctypes.c_char.from_buffer(view))
         self.__array_interface__ = {"shape": (buf.size,), "typestr": npdt.str, "data": (address, True), "version": 3}
+
+
+def _unique_const(c: UOp) -> UOp:
+    """A constant in its own buffer: CONST nodes are interned, so one that requires grad would otherwise be the same
+    node as every equal constant in the graph and collect their gradients too."""
+    return _from_numpy(np.array(c.arg, dtype=_np_storage(c.dtype)), device_of(c) or Device.DEFAULT, c.dtype)
+
+
+_NONZERO_AT_ZERO = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
+
+
+def _nonzero_at_zero(u: UOp) -> bool:
+    """True when `u` computes something nonzero from all-zero inputs (exp, reciprocal, log, integer division)."""
+    return any(n.op in _NONZERO_AT_ZERO for n in u.toposort)
 
 
 def _np_storage(dt: DType) -> Any:
@@ -992,8 +1142,14 @@ def _shape_arg(shape: Any) -> tuple[int, ...]:
         shape = shape[0]
     if isinstance(shape, int):
         shape = (shape,)
-    out = tuple(int(s) for s in shape)
+    # symbolic sizes (bound variables, see lazygrad.Variable) stay UOps
+    out = tuple(s if isinstance(s, UOp) else int(s) for s in shape)
     return out
+
+
+def _sint(x: Any) -> Any:
+    """A size argument: a symbolic size (UOp) as it is, anything else as an int."""
+    return x if isinstance(x, UOp) else int(x)
 
 
 def _pad_pairs(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:

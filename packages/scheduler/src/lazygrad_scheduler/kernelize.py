@@ -21,7 +21,7 @@ from lazygrad_scheduler.buffers import new_buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, sint
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -165,6 +165,25 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
     return g
 
 
+# ops whose result on all-zero inputs is not zero (or is undefined, like 0 // 0)
+NOT_ZERO_AT_ZERO = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
+
+
+def _changes_zero(u: UOp) -> bool:
+    """True when `u`, computed from inputs that read 0, may not be 0: a PAD over it can't be pushed to its loads."""
+    stack, seen = [u], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or is_leaf(n):
+            continue
+        seen.add(n)
+        # constants are padded like loads (masked to 0), so where/compare/... of zeros stay 0; these don't
+        if n.op in NOT_ZERO_AT_ZERO:
+            return True
+        stack.extend(n.src)
+    return False
+
+
 def _reads_target_elsewhere(assign: UOp) -> bool:
     """True when ASSIGN(target, value) reads target's buffer other than elementwise through the target view itself."""
     target = assign.src[0]
@@ -190,7 +209,7 @@ def _reads_target_elsewhere(assign: UOp) -> bool:
 
 def _bytes_read(node: UOp, group: _Group) -> int:
     """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count."""
-    numel = math.prod(shape_of(node))
+    numel = max_numel(shape_of(node))
     total, stack, seen = 0, [node], set()
     while stack:
         u = stack.pop()
@@ -238,6 +257,8 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
         # a copy moves whole buffers: its source must be stored, contiguous and complete
         if u.op is Ops.COPY and not _is_whole_leaf(u.src[1]):
             realized.add(u.src[1])
+    # padding is pushed down to the loads, which read 0 outside: fine through ops that keep 0 at 0, but exp(0) is 1
+    realized |= {u.src[0] for u in sink.toposort if u.op is Ops.PAD and _changes_zero(u.src[0])}
     # an in-place update may only read its target at the element it writes; otherwise compute the value first
     realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and _reads_target_elsewhere(u)}
     while True:
@@ -266,7 +287,7 @@ def _shared_to_store(owners: dict[UOp, list[_Group]], realized: set[UOp], sink: 
         if _has_reduce(u, realized):
             return {u}
         k = len(gs)
-        stored = math.prod(shape_of(u)) * u.dtype.itemsize
+        stored = max_numel(shape_of(u)) * u.dtype.itemsize
         recompute = sum(_bytes_read(u, g) for g in gs)
         if stored * (k + 1) + recompute // k < recompute:
             return {u}
@@ -404,17 +425,43 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
                 targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
             else:
                 shape = shape_of(r)
-                buf = new_buffer(_device(r), math.prod(shape), r.dtype)
+                buf = new_buffer(_device(r), max_numel(shape), r.dtype)
                 st = ShapeTracker.from_shape(shape)
                 outs.append((buf, st))
                 targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
         builder = _AstBuilder(roots, merged, leaf_nodes)
-        ast = builder.build(outs)
-        srcs = (*builder.slot_nodes, *builder.extra_deps)
+        ast, binds = unbind_ast(builder.build(outs))
+        srcs = (*builder.slot_nodes, *builder.extra_deps, *binds)
         kernel = UOp(Ops.KERNEL, src=srcs, arg=Kernel(ast, len(roots), len(builder.slot_nodes)))
         for r, t in zip(roots, targets):
             becomes[r] = UOp(Ops.ASSIGN, r.dtype, (t, kernel))
     return becomes
+
+
+def max_numel(shape: tuple[sint, ...]) -> int:
+    """The most elements `shape` can have: symbolic dims count at the largest value of their variables, so that one
+    buffer (and one kernel) serves every value they are bound to."""
+    return math.prod(d if isinstance(d, int) else int(d.vmax) for d in shape)
+
+
+def unbind_ast(ast: UOp) -> tuple[UOp, tuple[UOp, ...]]:
+    """`ast` with each bound variable in its views replaced by the variable itself, and the BINDs that were there
+    (sorted by name). The AST is then the same for every value, so it compiles once; the KERNEL carries the BINDs,
+    and the schedule passes their values to the program."""
+    views = [u for u in ast.toposort if u.op is Ops.VIEW and isinstance(u.arg, ShapeTracker)]
+    binds = set().union(*(v.arg.binds() for v in views))
+    if not binds:
+        return ast, ()
+    by_var: dict[UOp, UOp] = {}
+    for b in binds:
+        if (other := by_var.setdefault(b.src[0], b)) is not b:
+            raise ValueError(
+                f"variable {b.src[0].expr!r} is bound to {other.src[1].arg} and to {b.src[1].arg} in one kernel; "
+                "bind each variable to one value per realize"
+            )
+    mapping = {b: b.src[0] for b in binds}
+    ast = ast.substitute({v: v.replace(arg=v.arg.substitute(mapping)) for v in views})
+    return ast, tuple(sorted(binds, key=lambda b: b.src[0].expr))
 
 
 def _transitive(direct: dict[UOp, set[UOp]]) -> dict[UOp, set[UOp]]:
@@ -458,7 +505,7 @@ def _copy_kernel(copy: UOp, becomes: dict[UOp, UOp]) -> UOp:
     """ASSIGN(new buffer on the target device, KERNEL(COPY)): a byte copy between devices."""
     src = becomes.get(copy.src[1], copy.src[1])
     shape = shape_of(copy)
-    out = new_buffer(copy.src[0].arg, math.prod(shape), copy.dtype)
+    out = new_buffer(copy.src[0].arg, max_numel(shape), copy.dtype)
     leaf = view_base(src)
     ast = UOp(Ops.COPY, copy.dtype, (UOp(Ops.DEVICE, arg=copy.src[0].arg), src))
     kernel = UOp(Ops.KERNEL, src=(out, leaf if is_kernelized(leaf) else base_buffer(leaf)), arg=Kernel(ast, 1, 2))

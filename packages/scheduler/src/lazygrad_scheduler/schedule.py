@@ -3,7 +3,7 @@ kernel after the kernels it reads and every in-place update after the reads of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lazygrad_scheduler.buffers import buffer_of
 from lazygrad_scheduler.kernelize import base_buffer, is_kernelized
@@ -14,10 +14,12 @@ from lazygrad_uop.uop import UOp
 
 @dataclass(frozen=True)
 class ScheduleItem:
-    """One kernel to run: its AST and its buffers in parameter order (outputs first)."""
+    """One kernel to run: its AST, its buffers in parameter order (outputs first), and the values of the symbolic
+    variables (DEFINE_VAR) its AST uses."""
 
     ast: UOp
     bufs: tuple[Buffer, ...]
+    var_vals: dict[UOp, int] = field(default_factory=dict, hash=False)
 
     @property
     def outputs(self) -> tuple[Buffer, ...]:
@@ -59,9 +61,14 @@ def create_schedule(sink: UOp) -> tuple[list[ScheduleItem], list[UOp]]:
                     if w is not k and w not in _ancestors(k, deps):
                         deps[w].add(k)
     order = _toposort(kernels, deps)
-    items = [ScheduleItem(k.arg.ast, tuple(buffer_of(b) for b in _kernel_buffers(k))) for k in order]
+    items = [ScheduleItem(k.arg.ast, tuple(buffer_of(b) for b in _kernel_buffers(k)), _var_vals(k)) for k in order]
     done = [a for k in order for a in assigns if kernel_of[a] is k]
     return items, done
+
+
+def _var_vals(kernel: UOp) -> dict[UOp, int]:
+    """The values of the variables a KERNEL's AST uses, from the BINDs among its sources."""
+    return {s.src[0]: s.src[1].arg for s in kernel.src[kernel.arg.n_slots :] if s.op is Ops.BIND}
 
 
 def _ancestors(k: UOp, deps: dict[UOp, set[UOp]]) -> set[UOp]:

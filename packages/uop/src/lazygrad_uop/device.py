@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -138,6 +138,27 @@ def _as_bytes(mem: memoryview | bytes | bytearray, what: str) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+class MemoryUse:
+    """Bytes of device memory that allocated buffers hold, per device, and the most held at once since the last
+    `reset_peak`. Counts what `Buffer.allocate` obtained from an allocator (a view or caller-owned memory adds
+    nothing), so memory kept in an allocator's LRU cache for reuse is not counted."""
+
+    used: ClassVar[dict[str, int]] = {}
+    peak: ClassVar[dict[str, int]] = {}
+
+    @classmethod
+    def change(cls, device: str, nbytes: int) -> None:
+        """Record `nbytes` more (or, negative, fewer) bytes held on `device`."""
+        now = cls.used[device] = cls.used.get(device, 0) + nbytes
+        if now > cls.peak.get(device, 0):
+            cls.peak[device] = now
+
+    @classmethod
+    def reset_peak(cls) -> None:
+        """Start measuring the peak again from what is held now."""
+        cls.peak = dict(cls.used)
+
+
 class Buffer:
     """`size` elements of `dtype` on a device, or a view of part of another buffer (`base`, at byte `offset`).
 
@@ -208,6 +229,7 @@ class Buffer:
         else:
             # An empty buffer still gets a real (one byte) allocation, so every allocated buffer has a valid handle.
             self._handle, self._owned = self.allocator.alloc(max(self.nbytes, 1), self.options), True
+            MemoryUse.change(self.device, self.nbytes)
         return self
 
     def deallocate(self) -> None:
@@ -217,6 +239,7 @@ class Buffer:
         if self._owned:
             assert self.allocator is not None
             self.allocator.free(self._handle, max(self.nbytes, 1), self.options)
+            MemoryUse.change(self.device, -self.nbytes)
         self._handle, self._owned = None, False
 
     def __del__(self) -> None:
@@ -306,6 +329,12 @@ class Renderer(abc.ABC):
     Subclasses set the class attributes: `device` (the device name), `suffix` (names kernels' source, e.g. "CUDA"),
     whether float4 vectors, local (workgroup) dimensions and shared memory exist, the maximum global and local sizes
     per dimension (None: unlimited), the bytes of shared memory, and the tensor cores it can use.
+
+    Limits the code generator's optimisations respect: `vector_width` (lanes of one vector ALU op and of an unaligned
+    vector load or store; 1 means scalar arithmetic, with `supports_float4` still allowing aligned 2- and 4-element
+    loads and stores), `max_upcast` (the register budget: the most elements a thread may hold for upcast and unrolled
+    axes together), `max_workgroup_threads` (threads of one workgroup), and `has_threads` (a host target that runs a
+    kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`).
     """
 
     device: ClassVar[str] = ""
@@ -313,9 +342,13 @@ class Renderer(abc.ABC):
     supports_float4: ClassVar[bool] = True
     has_local: ClassVar[bool] = True
     has_shared: ClassVar[bool] = True
+    has_threads: ClassVar[bool] = False
     global_max: ClassVar[tuple[int, ...] | None] = None
     local_max: ClassVar[tuple[int, ...] | None] = None
     shared_max: ClassVar[int] = 32768
+    vector_width: ClassVar[int] = 1
+    max_upcast: ClassVar[int] = 256
+    max_workgroup_threads: ClassVar[int] = 1024
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 
@@ -329,9 +362,18 @@ class TensorCore:
     """A matrix-multiply-accumulate instruction, C (M x N) += A (M x K) @ B (K x N), executed by `threads` threads
     together, each holding `elements_per_thread` elements of A, B and C.
 
-    `opts` are the local ("l<axis>") and upcast ("u<axis>") steps that build the thread layout from the N (axis 0)
-    and M (axis 1) dimensions; `swizzle` says how elements of A, B and C map to threads and registers, as a plain
-    tuple description that the code generator interprets.
+    `swizzle` is the layout: which element of A, B and C each thread holds in each of its registers, as the
+    tuple `(layout_A, layout_B, layout_C)`. Every dimension is a power of two, and so is a layout:
+    `layout_X = (thread_bits, register_bits)` names, for each bit of the thread index (lowest first) and each bit of
+    the register index within the thread's vector (lowest first), the bit of a coordinate it selects: "m2" is bit 2 of
+    the row of A and C, "n0" bit 0 of the column of B and C, "k1" bit 1 of the reduction index. A thread bit written
+    "" selects nothing: the threads that differ only in it hold the same elements (AMD's WMMA replicates A and B over
+    the two halves of a wave this way). The coordinate bits of each operand are each named exactly once: A uses m
+    and k, B k and n, C m and n. For example CUDA's m16n8k16 holds C with thread bits ("n1", "n2", "m0", "m1", "m2")
+    and register bits ("n0", "m3"): thread t, register r holds C[(t >> 2) + 8 * (r >> 1)][2 * (t & 3) + (r & 1)].
+    The code generator (lazygrad_codegen) and the PYTHON device's emulation read only this layout.
+
+    `opts` is free-form text a device package may attach for its own renderer; the generic code generator ignores it.
     """
 
     dims: tuple[int, int, int]  # (N, M, K)
@@ -339,7 +381,7 @@ class TensorCore:
     elements_per_thread: tuple[int, int, int]  # (A, B, C)
     dtype_in: DType
     dtype_out: DType
-    opts: tuple[str, ...]
+    opts: tuple[str, ...] = ()
     swizzle: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
@@ -349,6 +391,9 @@ class TensorCore:
             raise ValueError(f"tensor core threads must be positive, got {self.threads}")
         if len(self.elements_per_thread) != 3:
             raise ValueError(f"elements_per_thread must be (A, B, C), got {self.elements_per_thread!r}")
+        if self.swizzle:
+            self._check_layout()
+            return
         n, m, k = self.dims
         for operand, elements, per_thread in zip("ABC", (m * k, k * n, m * n), self.elements_per_thread, strict=True):
             if elements != self.threads * per_thread:
@@ -357,13 +402,104 @@ class TensorCore:
                     f"{per_thread} elements per thread hold {self.threads * per_thread}"
                 )
 
+    def _check_layout(self) -> None:
+        n, m, k = self.dims
+        sizes = {"m": m, "n": n, "k": k}
+        for d, size in sizes.items():
+            if size & (size - 1):
+                raise ValueError(f"tensor core {self}: a layout needs power-of-two dims, {d.upper()} is {size}")
+        if self.threads & (self.threads - 1):
+            raise ValueError(f"tensor core {self}: a layout needs a power-of-two thread count, got {self.threads}")
+        if len(self.swizzle) != 3:
+            raise ValueError(
+                f"tensor core {self}: swizzle must be (layout_A, layout_B, layout_C), got {self.swizzle!r}"
+            )
+        for operand, dims, layout, per_thread in zip(
+            "ABC", ("mk", "kn", "mn"), self.swizzle, self.elements_per_thread, strict=True
+        ):
+            if len(layout) != 2:
+                raise ValueError(f"tensor core {self}: layout_{operand} must be (thread_bits, register_bits)")
+            thread_bits, register_bits = tuple(layout[0]), tuple(layout[1])
+            if 1 << len(thread_bits) != self.threads or 1 << len(register_bits) != per_thread:
+                raise ValueError(
+                    f"tensor core {self}: layout_{operand} has {len(thread_bits)} thread bits and "
+                    f"{len(register_bits)} register bits, but {self.threads} threads and {per_thread} elements per "
+                    "thread need log2 of each"
+                )
+            named = [b for b in thread_bits + register_bits if b != ""]
+            if "" in register_bits:
+                raise ValueError(f"tensor core {self}: every register bit of layout_{operand} must name a bit")
+            wanted = sorted(f"{d}{i}" for d in dims for i in range(sizes[d].bit_length() - 1))
+            if sorted(named) != wanted:
+                raise ValueError(
+                    f"tensor core {self}: layout_{operand} names bits {sorted(named)}, but must name each of "
+                    f"{wanted} exactly once"
+                )
+        if "" in tuple(self.swizzle[2][0]):
+            raise ValueError(f"tensor core {self}: C can't be replicated over threads (a thread bit of C is '')")
+
     def __str__(self) -> str:
         return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, self.dtype_out.name])
 
 
+@dataclass(frozen=True, eq=False)
+class KernelLaunch:
+    """One launch of a compiled kernel: the `program`, the allocator handles of its buffers in parameter order, its
+    launch sizes and the values of its symbolic variables (in the order of the program's variable parameters)."""
+
+    program: Program
+    bufs: tuple[Any, ...]
+    global_size: tuple[int, int, int] = (1, 1, 1)
+    local_size: tuple[int, int, int] = (1, 1, 1)
+    vals: tuple[int, ...] = ()
+
+
+class GraphRunner(abc.ABC):
+    """A device's way to run a fixed list of kernel launches as one unit (a CUDA graph, a Metal indirect command
+    buffer, one native function that calls every CPU kernel in order), so that replaying them costs one call
+    instead of one per kernel. The JIT builds one per run of consecutive kernels on a device that has a graph type.
+
+    The contract a device's graph type (`CompiledDevice.graph`) implements:
+
+    - `__init__(device, launches)`: prepare the launches, in order, all of programs of `device`. It may take a
+      while (encoding, instantiating, compiling); replays must be cheap. Raise `GraphError` for launches the device
+      can't batch (the JIT then runs them one by one).
+    - `update(changes)`: for the next replays, launch `i` becomes `changes[i]`: the same program with other buffers
+      (e.g. a new input), variable values or, when its variables changed, launch sizes. The base method checks and
+      stores them in `self.launches`; devices extend it to patch what they prepared.
+    - `__call__(wait)`: run every launch, in order, each seeing the writes of the ones before. Without `wait` the
+      device may still be running when it returns; with `wait`, block until done and return the seconds it took.
+    """
+
+    def __init__(self, device: CompiledDevice, launches: Sequence[KernelLaunch]) -> None:
+        if not launches:
+            raise GraphError("a graph needs at least one kernel launch")
+        self.device, self.launches = device, list(launches)
+
+    def update(self, changes: Mapping[int, KernelLaunch]) -> None:
+        """Replace launch `i` by `changes[i]` for the next replays."""
+        for i, new in changes.items():
+            old = self.launches[i]
+            if new.program is not old.program or len(new.bufs) != len(old.bufs) or len(new.vals) != len(old.vals):
+                raise GraphError(
+                    f"launch {i} of the graph runs {old.program.name} with {len(old.bufs)} buffers and "
+                    f"{len(old.vals)} values; an update must keep its program and argument counts (build a new graph)"
+                )
+            self.launches[i] = new
+
+    @abc.abstractmethod
+    def __call__(self, wait: bool = False) -> float | None:
+        """Run every launch in order; with `wait`, block until done and return the run time in seconds."""
+
+
+class GraphError(RuntimeError):
+    """A graph can't be built from, or updated with, the launches it was given."""
+
+
 class CompiledDevice:
     """An opened device: the allocator, renderer, compiler and program type that run kernels on it, and optionally
-    a graph type that runs a list of kernels as one unit. `Device["NAME"]` returns one of these."""
+    a graph type (a `GraphRunner` subclass) that runs a list of kernels as one unit. `Device["NAME"]` returns one of
+    these."""
 
     def __init__(
         self,
@@ -372,7 +508,7 @@ class CompiledDevice:
         renderer: Renderer,
         compiler: Compiler,
         runtime: type[Program],
-        graph: type | None = None,
+        graph: type[GraphRunner] | None = None,
     ) -> None:
         self.device, self.allocator, self.renderer, self.compiler = device, allocator, renderer, compiler
         self.runtime, self.graph = runtime, graph

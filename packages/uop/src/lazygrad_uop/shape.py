@@ -5,9 +5,37 @@ from __future__ import annotations
 import math
 
 from lazygrad_uop.ops import GroupOp, Ops
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, eval_uop, sint
 
-Shape = tuple[int, ...]
+# A dim is an int, or a symbolic size: an expression of bound variables (`Variable("n", 1, 9).bind(4)`), which one
+# compiled kernel serves for every value of the variables.
+Shape = tuple[sint, ...]
+
+
+def resolve(x: sint) -> int:
+    """The value of a size: an int as is, a symbolic size evaluated at the values its variables are bound to."""
+    if isinstance(x, int):
+        return x
+    try:
+        value = eval_uop(x)
+    except KeyError:
+        value = None
+    if not isinstance(value, int):
+        raise ShapeError(f"size {x.render()} has no integer value; bind its variables with .bind(value)")
+    return value
+
+
+def _add(a: sint, b: sint) -> sint:
+    """a + b, as ShapeTracker.pad builds it: adding an int 0 leaves a symbolic size as it is."""
+    if isinstance(a, int) and a == 0:
+        return b
+    if isinstance(b, int) and b == 0:
+        return a
+    return a + b
+
+
+def _resolved(shape: Shape) -> tuple[int, ...]:
+    return tuple(map(resolve, shape))
 
 
 class ShapeError(ValueError):
@@ -18,10 +46,18 @@ def shape_of(u: UOp) -> Shape:
     """The shape of tensor-graph node `u` (memoised on the node)."""
     if "_shape" in u.__dict__:
         return u.__dict__["_shape"]
-    # sources first, iteratively, so a long chain does not recurse deeply
-    for n in u.toposort:
-        if "_shape" not in n.__dict__:
+    # sources first, iteratively (a long chain must not recurse deeply), visiting only nodes without a shape yet:
+    # a new node over an existing graph costs its own sources, not the whole graph
+    stack: list[tuple[UOp, bool]] = [(u, False)]
+    while stack:
+        n, ready = stack.pop()
+        if "_shape" in n.__dict__:
+            continue
+        if ready:
             n.__dict__["_shape"] = _infer(n)
+        else:
+            stack.append((n, True))
+            stack.extend((s, False) for s in n.src if "_shape" not in s.__dict__)
     return u.__dict__["_shape"]
 
 
@@ -45,7 +81,7 @@ def _infer(u: UOp) -> Shape | None:
         return _src_shape(u)
     s = _src_shape(u) if u.src else None
     if op is Ops.RESHAPE:
-        if math.prod(arg) != math.prod(s):
+        if math.prod(_resolved(arg)) != math.prod(_resolved(s)):
             raise ShapeError(f"can't reshape {s} ({math.prod(s)} elements) to {arg} ({math.prod(arg)} elements)")
         return tuple(arg)
     if op is Ops.EXPAND:
@@ -57,13 +93,14 @@ def _infer(u: UOp) -> Shape | None:
             raise ShapeError(f"permutation {arg} is not a permutation of the {len(s)} axes of {s}")
         return tuple(s[i] for i in arg)
     if op is Ops.PAD:
-        if len(arg) != len(s) or any(b < 0 or a < 0 for b, a in arg):
+        if len(arg) != len(s) or any(resolve(b) < 0 or resolve(a) < 0 for b, a in arg):
             raise ShapeError(f"pad {arg} needs one non-negative (before, after) pair per axis of {s}")
-        return tuple(d + b + a for d, (b, a) in zip(s, arg))
+        return tuple(_add(_add(d, b), a) for d, (b, a) in zip(s, arg))
     if op is Ops.SHRINK:
-        if len(arg) != len(s) or any(not 0 <= b <= e <= d for d, (b, e) in zip(s, arg)):
+        if len(arg) != len(s) or any(not 0 <= resolve(b) <= resolve(e) <= resolve(d) for d, (b, e) in zip(s, arg)):
             raise ShapeError(f"shrink {arg} needs one (start, end) with 0 <= start <= end <= size per axis of {s}")
-        return tuple(e - b for b, e in arg)
+        # built as ShapeTracker.shrink builds it, so the tensor graph's symbolic shapes are its views' shapes
+        return tuple(e if isinstance(b, int) and b == 0 else e - b for b, e in arg)
     if op is Ops.FLIP:
         if len(arg) != len(s):
             raise ShapeError(f"flip {arg} needs one bool per axis of {s}")
@@ -84,19 +121,22 @@ def _infer(u: UOp) -> Shape | None:
 
 
 def device_of(u: UOp) -> str | None:
-    """The device a tensor-graph node lives on, or None for nodes without one."""
-    for n in _first_path(u):
-        if n.op is Ops.DEVICE:
-            return n.arg
-        if n.op is Ops.BUFFER:
-            return n.src[1].arg
-        if n.op is Ops.COPY:
-            return n.src[0].arg
-    return None
-
-
-def _first_path(u: UOp) -> list[UOp]:
+    """The device a tensor-graph node lives on, or None for nodes without one (memoised on the nodes of the path
+    to it, so asking along a long chain of ops doesn't walk the chain each time)."""
     path = [u]
-    while path[-1].src and path[-1].op not in (Ops.BUFFER, Ops.COPY, Ops.DEVICE):
+    while "_device" not in path[-1].__dict__ and path[-1].src and path[-1].op not in (Ops.BUFFER, Ops.COPY, Ops.DEVICE):
         path.append(path[-1].src[0])
-    return path
+    end = path[-1]
+    if "_device" in end.__dict__:
+        dev = end.__dict__["_device"]
+    elif end.op is Ops.DEVICE:
+        dev = end.arg
+    elif end.op is Ops.BUFFER:
+        dev = end.src[1].arg
+    elif end.op is Ops.COPY:
+        dev = end.src[0].arg
+    else:
+        dev = None
+    for n in path:
+        n.__dict__["_device"] = dev
+    return dev

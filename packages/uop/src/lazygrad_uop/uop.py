@@ -115,7 +115,12 @@ class UOp(metaclass=_UOpInterner):
         # not a graph_rewrite: that rewrites what a rule returns again, which would loop on {x: x + 1}
         out: dict[UOp, UOp] = {}
         for n in self.toposort:
-            out[n] = mapping[n] if n in mapping else n.replace(src=tuple(out[s] for s in n.src))
+            if n in mapping:
+                out[n] = mapping[n]
+                continue
+            src = tuple(out[s] for s in n.src)
+            # an untouched subgraph is kept as it is, without rebuilding (and re-interning) its nodes
+            out[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
         return out[self]
 
     def __iter__(self) -> Iterator[UOp]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.uop import UOp, sint
+from lazygrad_uop.uop import UOp, eval_uop, sint
 
 Mask = tuple[tuple[sint, sint], ...]
 
@@ -190,6 +190,23 @@ class View:
             mask = None if all(_full(b, e, s) for (b, e), s in zip(clamped, shape, strict=True)) else tuple(clamped)
         contiguous = _is(offset, 0) and mask is None and strides == strides_for_shape(shape)
         return View(shape, strides, offset, mask, contiguous)
+
+    def substitute(self, mapping: dict[UOp, UOp]) -> View:
+        """This view with `mapping` applied to every symbolic size, stride, offset and mask bound (e.g. bound
+        variables replaced by their variables, or by their values: sizes left without variables become ints); the
+        structure, and so `contiguous`, stays as it is."""
+
+        def sub(x: sint) -> sint:
+            if not isinstance(x, UOp):
+                return x
+            y = x.substitute(mapping)
+            # a size left without variables (bound variables replaced by their values) is an int again
+            if not any(u.op in (Ops.DEFINE_VAR, Ops.BIND, Ops.RANGE, Ops.SPECIAL) for u in y.toposort):
+                return int(eval_uop(y))
+            return y
+
+        mask = None if self.mask is None else tuple((sub(b), sub(e)) for b, e in self.mask)
+        return View(tuple(map(sub, self.shape)), tuple(map(sub, self.strides)), sub(self.offset), mask, self.contiguous)
 
     @property
     def empty(self) -> bool:
@@ -664,6 +681,19 @@ class ShapeTracker:
                 return hi_idx + 1
             box = _flat_interval_box(lo_idx, hi_idx, st.views[k - 1].shape)
         raise AssertionError("unreachable: the loop returns at views[0]")
+
+    def substitute(self, mapping: dict[UOp, UOp]) -> ShapeTracker:
+        """This tracker with `mapping` applied to the symbolic fields of every view (see `View.substitute`)."""
+        return ShapeTracker(tuple(v.substitute(mapping) for v in self.views))
+
+    def binds(self) -> set[UOp]:
+        """The bound variables (BIND) appearing in any view's shape, strides, offset or mask."""
+        out: set[UOp] = set()
+        for v in self.views:
+            for x in (*v.shape, *v.strides, v.offset, *(c for m in v.mask or () for c in m)):
+                if isinstance(x, UOp):
+                    out.update(u for u in x.toposort if u.op is Ops.BIND)
+        return out
 
     def vars(self) -> set[UOp]:
         """The variables (DEFINE_VAR) appearing in any view's shape, strides, offset or mask."""

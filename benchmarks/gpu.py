@@ -1,0 +1,91 @@
+"""CUDA speed against torch on the same GPU, in the same run: an fp16 4096x4096x4096 matmul (TFLOPS) and an fp16
+elementwise add of 2^26 elements (GB/s moved: two reads and a write).
+
+Times are GPU times of whole calls, synchronised: lazygrad's `.realize()` of a fresh graph (scheduling included,
+compilation excluded by a warm-up call) and torch's op, median of several runs. Targets: at least 50% of torch's
+matmul TFLOPS and 80% of its elementwise bandwidth. Without an NVIDIA GPU the script says so and measures nothing.
+
+    python benchmarks/gpu.py [--size 4096] [--elements 67108864]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from lazygrad import Tensor, dtypes
+from lazygrad_uop.registry import Device
+
+TARGETS = {"matmul": 0.50, "elementwise": 0.80}
+
+
+def bench(fn: Callable[[], object], sync: Callable[[], None], runs: int = 5) -> float:
+    """Median seconds of `fn` followed by `sync`, after one warm-up call."""
+    fn()
+    sync()
+    times = []
+    for _ in range(runs):
+        st = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=4096, help="matmul size n (n x n x n)")
+    parser.add_argument("--elements", type=int, default=1 << 26, help="elements of the elementwise add")
+    args = parser.parse_args()
+    if (why := Device.usable("CUDA")) is not None:
+        print(f"benchmarks/gpu.py: no GPU was available to measure on: {why}")
+        return
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and not torch.cuda.is_available():
+        torch = None
+    gpu = Device["CUDA"]
+    print(f"device CUDA ({gpu.arch}); torch {'on the same GPU' if torch else 'not available: no reference'}")
+
+    n, count = args.size, args.elements
+    rng = np.random.default_rng(0)
+    a_np, b_np = (rng.standard_normal((n, n)).astype(np.float16) for _ in range(2))
+    a, b = Tensor(a_np, device="CUDA").realize(), Tensor(b_np, device="CUDA").realize()
+    x_np, y_np = (rng.standard_normal(count).astype(np.float16) for _ in range(2))
+    x, y = Tensor(x_np, device="CUDA").realize(), Tensor(y_np, device="CUDA").realize()
+    assert (a @ b).dtype == dtypes.float16
+
+    rows = []
+    t_mm = bench(lambda: (a @ b).realize(), gpu.synchronize)
+    t_ew = bench(lambda: (x + y).realize(), gpu.synchronize)
+    ref_mm = ref_ew = None
+    if torch is not None:
+        ta, tb = torch.from_numpy(a_np).cuda(), torch.from_numpy(b_np).cuda()
+        tx, ty = torch.from_numpy(x_np).cuda(), torch.from_numpy(y_np).cuda()
+        got = (a[:64] @ b).numpy().astype(np.float32)
+        want = (ta[:64] @ tb).float().cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=0.5)
+        np.testing.assert_array_equal((x + y).numpy(), (tx + ty).cpu().numpy())
+        ref_mm = bench(lambda: ta @ tb, torch.cuda.synchronize)
+        ref_ew = bench(lambda: tx + ty, torch.cuda.synchronize)
+    flops, moved = 2 * n**3, 3 * count * 2
+    rows.append((f"matmul fp16 {n}^3", t_mm, ref_mm, flops / 1e12, "TFLOPS", TARGETS["matmul"]))
+    rows.append((f"add fp16 {count}", t_ew, ref_ew, moved / 1e9, "GB/s", TARGETS["elementwise"]))
+
+    head = f"{'benchmark':24s} {'lazygrad':>16s} {'torch':>16s} {'lazygrad/torch':>15s} {'target':>7s}"
+    print(head)
+    for name, t_lg, t_ref, work, unit, target in rows:
+        lg = f"{work / t_lg:9.2f} {unit:6s}"
+        ref = f"{work / t_ref:9.2f} {unit:6s}" if t_ref else f"{'n/a':>16s}"
+        ratio = f"{t_ref / t_lg:15.2%}" if t_ref else f"{'n/a':>15s}"
+        print(f"{name:24s} {lg} {ref} {ratio} {target:7.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,555 @@
+"""Neural-network functions of `Tensor` (torch.nn.functional's counterparts): convolutions, pooling, interpolation,
+normalization, dropout, embedding, attention and losses.
+
+Convolution and pooling see the input through `_pool`, a view of shape (..., *out, *kernel) that puts every window
+next to its output position using only movement ops (repeat the input, reshape it so that rows overlap by the
+dilation, take every stride-th row); a convolution is then a broadcast multiply with the weight and one sum.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+
+if TYPE_CHECKING:
+    from lazygrad.tensor import Tensor
+
+
+def _tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
+    if isinstance(x, int):
+        return (x,) * n
+    t = tuple(int(v) for v in x)
+    if len(t) != n:
+        raise ValueError(f"{what} needs {n} values (one per spatial dimension), got {t}")
+    return t
+
+
+def _pads(padding: int | str | Sequence[int], k: tuple[int, ...], dilation: tuple[int, ...]) -> list[list[int]]:
+    """[before, after] per spatial dim from torch's forms: an int, one int per dim, "valid", "same", or a flat
+    (left, right, top, bottom, ...) tuple that starts at the last dim (tinygrad's and F.pad's order)."""
+    n = len(k)
+    if padding == "valid":
+        return [[0, 0] for _ in k]
+    if padding == "same":
+        total = [d * (kk - 1) for kk, d in zip(k, dilation)]
+        return [[t // 2, t - t // 2] for t in total]
+    if isinstance(padding, str):
+        raise ValueError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+    if isinstance(padding, int):
+        return [[padding, padding] for _ in k]
+    p = [int(v) for v in padding]
+    if len(p) == n:
+        return [[v, v] for v in p]
+    if len(p) == 2 * n:
+        return [[p[2 * i], p[2 * i + 1]] for i in range(n)][::-1]
+    raise ValueError(f"padding {tuple(p)} needs 1, {n} or {2 * n} values for {n} spatial dimensions")
+
+
+def _reduce_loss(loss: Tensor, reduction: str, weight_sum: Tensor | None = None) -> Tensor:
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.sum() / weight_sum if weight_sum is not None else loss.mean()
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+class FunctionalMixin:
+    """Neural-network functions of `Tensor` (mixed into it; see `lazygrad.tensor`)."""
+
+    __slots__ = ()
+
+    # *** windows ***
+
+    def _pool(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+        """The windows of the last len(k) dims as a view of shape (..., *out, *k): out[o][w] = x[o*stride + w*dil]."""
+        nd = len(k)
+        lead, ins = self.shape[:-nd], self.shape[-nd:]
+        outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+        if any(o <= 0 for o in outs):
+            raise ValueError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
+        keep = tuple((0, d) for d in lead)
+        disjoint = all(kk <= s and d == 1 for kk, s, d in zip(k, stride, dilation))
+        if disjoint:
+            # windows that don't overlap: cut the input into rows of `stride`, keep the first k of each
+            x = self.pad(
+                tuple((0, 0) for _ in lead) + tuple((0, max(0, o * s - n)) for o, s, n in zip(outs, stride, ins))
+            )
+            x = x.shrink(keep + tuple((0, o * s) for o, s in zip(outs, stride)))
+            x = x.reshape(*lead, *(v for o, s in zip(outs, stride) for v in (o, s)))
+            x = x.shrink(keep + tuple(v for o, kk in zip(outs, k) for v in ((0, o), (0, kk))))
+        else:
+            # repeat the input e times; rows of L = m*n + d elements then start d further along the input each
+            rows = [n * max(1, math.ceil((o * s - d) / n)) + d for n, o, s, d in zip(ins, outs, stride, dilation)]
+            reps = [math.ceil(kk * r / n) for kk, r, n in zip(k, rows, ins)]
+            x = self.reshape(*lead, *(v for n in ins for v in (1, n)))
+            x = x.expand(*lead, *(v for e, n in zip(reps, ins) for v in (e, n)))
+            x = x.reshape(*lead, *(e * n for e, n in zip(reps, ins)))
+            x = x.shrink(keep + tuple((0, kk * r) for kk, r in zip(k, rows)))
+            x = x.reshape(*lead, *(v for kk, r in zip(k, rows) for v in (kk, r)))
+            x = x.shrink(keep + tuple(v for kk, o, s in zip(k, outs, stride) for v in ((0, kk), (0, o * s))))
+            x = x.reshape(*lead, *(v for kk, o, s in zip(k, outs, stride) for v in (kk, o, s)))
+            x = x.shrink(keep + tuple(v for kk, o in zip(k, outs) for v in ((0, kk), (0, o), (0, 1))))
+            x = x.reshape(*lead, *(v for kk, o in zip(k, outs) for v in (kk, o)))
+        # x is (..., o1, k1, o2, k2, ...) or, from the second way, (..., k1, o1, k2, o2, ...): every o, then every k
+        n, o_at = len(lead), 0 if disjoint else 1
+        return x.permute(*range(n), *(n + 2 * i + o_at for i in range(nd)), *(n + 2 * i + 1 - o_at for i in range(nd)))
+
+    # *** convolution ***
+
+    def conv2d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: int | Sequence[int] = 1,
+        dilation: int | Sequence[int] = 1,
+        padding: int | str | Sequence[int] = 0,
+        dtype: DType | str | None = None,
+    ) -> Tensor:
+        """Convolution (cross-correlation, as torch) of (N, C_in, *spatial) with weight (C_out, C_in/groups,
+        *kernel), over as many spatial dims as the weight has (tinygrad's argument order). padding: an int, one per
+        dim, "same", "valid", or flat (left, right, top, bottom...). `dtype` is the accumulation/result type."""
+        nd = weight.ndim - 2
+        if nd < 1 or self.ndim != nd + 2:
+            raise ValueError(
+                f"conv of input {self.shape} with weight {weight.shape}: need (N, C, *spatial) and "
+                f"(C_out, C_in/groups, *kernel) with the same number of spatial dims"
+            )
+        bs, cin = self.shape[:2]
+        cout, cin_g = weight.shape[:2]
+        k = weight.shape[2:]
+        if cin != groups * cin_g or cout % groups:
+            raise ValueError(
+                f"conv of {cin} input channels in {groups} groups needs weight (C_out divisible by "
+                f"{groups}, {cin // max(groups, 1)}, ...), got {weight.shape}"
+            )
+        s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+        if padding == "same" and any(v != 1 for v in s):
+            raise ValueError("padding='same' needs stride 1, as in torch")
+        pads = _pads(padding, k, d)
+        x = self.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
+        out = x.shape[2 : 2 + nd]
+        x = x.reshape(bs, groups, 1, cin_g, *out, *k)
+        w = weight.reshape(1, groups, cout // groups, cin_g, *(1,) * nd, *k)
+        axes = (3, *range(4 + nd, 4 + 2 * nd))
+        prod = x * w
+        acc = to_dtype(dtype) if dtype is not None else None
+        if acc is None and not dtypes.is_float(prod.dtype):
+            acc = prod.dtype
+        ret = prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
+        return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
+
+    def conv1d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: Any = 1,
+        dilation: Any = 1,
+        padding: Any = 0,
+        dtype: DType | str | None = None,
+    ) -> Tensor:
+        """1-d convolution of (N, C_in, L) with weight (C_out, C_in/groups, K); see conv2d."""
+        if weight.ndim != 3:
+            raise ValueError(f"conv1d needs a 3-d weight (C_out, C_in/groups, K), got {weight.shape}")
+        return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
+
+    def conv3d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: Any = 1,
+        dilation: Any = 1,
+        padding: Any = 0,
+        dtype: DType | str | None = None,
+    ) -> Tensor:
+        """3-d convolution of (N, C_in, D, H, W) with weight (C_out, C_in/groups, KD, KH, KW); see conv2d."""
+        if weight.ndim != 5:
+            raise ValueError(f"conv3d needs a 5-d weight (C_out, C_in/groups, KD, KH, KW), got {weight.shape}")
+        return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
+
+    def conv_transpose2d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: int | Sequence[int] = 1,
+        dilation: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        output_padding: int | Sequence[int] = 0,
+    ) -> Tensor:
+        """Transposed convolution of (N, C_in, *spatial) with weight (C_in, C_out/groups, *kernel), as
+        torch.nn.functional.conv_transpose2d (any number of spatial dims): the gradient of conv2d. Computed as a
+        convolution of the input spread out by the stride, with the kernel flipped."""
+        nd = weight.ndim - 2
+        if nd < 1 or self.ndim != nd + 2:
+            raise ValueError(f"conv_transpose of input {self.shape} with weight {weight.shape}: spatial dims differ")
+        cin, cout_g = weight.shape[:2]
+        k = weight.shape[2:]
+        if cin != self.shape[1] or cin % groups:
+            raise ValueError(
+                f"conv_transpose weight {weight.shape} doesn't fit {self.shape[1]} channels in {groups} groups"
+            )
+        s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+        p, op = _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding")
+        w = weight.reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
+        w = w.flip(*range(3, 3 + nd)).reshape(groups * cout_g, cin // groups, *k)
+        x = self
+        for i, si in enumerate(s):
+            if si == 1:
+                continue
+            # spread the elements out: each followed by stride - 1 zeros, the last one's dropped
+            ax = 2 + i
+            n = x.shape[ax]
+            x = x.unsqueeze(ax + 1).pad(tuple((0, si - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)))
+            x = x.reshape(*x.shape[:ax], n * si, *x.shape[ax + 2 :])
+            x = x.shrink(tuple((0, n * si - (si - 1)) if j == ax else None for j in range(x.ndim)))
+        edge = [dd * (kk - 1) - pp for dd, kk, pp in zip(d, k, p)]
+        x = x.pad(((0, 0), (0, 0), *((e, e + o) for e, o in zip(edge, op))))
+        return x.conv2d(w, bias, groups=groups, dilation=d)
+
+    # *** pooling ***
+
+    def _pool_setup(
+        self: Tensor, kernel_size: Any, stride: Any, dilation: Any, padding: Any, ceil_mode: bool
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[list[int]], list[int]]:
+        """Kernel, stride, dilation, the [before, after] padding per dim, and the extra right padding ceil_mode
+        adds so that a last partial window counts (if it starts inside the input or its left padding)."""
+        k = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+        nd = len(k)
+        if self.ndim < nd:
+            raise ValueError(f"a {nd}-d pool needs at least {nd} dimensions, got shape {self.shape}")
+        s = k if stride is None else _tuple(stride, nd, "stride")
+        d = _tuple(dilation, nd, "dilation")
+        pads = _pads(padding, k, d)
+        extra = []
+        for n, kk, ss, dd, (b, a) in zip(self.shape[-nd:], k, s, d, pads):
+            span = n + b + a - dd * (kk - 1) - 1
+            if not ceil_mode or span < 0:
+                extra.append(0)
+                continue
+            o = -(-span // ss) + 1
+            if (o - 1) * ss >= n + b:
+                o -= 1
+            extra.append(max(0, (o - 1) * ss + dd * (kk - 1) + 1 - (n + b + a)))
+        return k, s, d, pads, extra
+
+    def avg_pool2d(
+        self: Tensor,
+        kernel_size: int | Sequence[int] = (2, 2),
+        stride: int | Sequence[int] | None = None,
+        dilation: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> Tensor:
+        """Average over windows of the last len(kernel_size) dims (2 for an int), as torch's avg_pool: the
+        divisor counts padding with count_include_pad, never the extra windows of ceil_mode."""
+        k, s, d, pads, extra = self._pool_setup(kernel_size, stride, dilation, padding, ceil_mode)
+        nd = len(k)
+        lead = ((0, 0),) * (self.ndim - nd)
+        full = tuple((b, a + e) for (b, a), e in zip(pads, extra))
+        x = self.cast(least_upper_float(self.dtype))
+        axes = tuple(range(-nd, 0))
+        summed = x.pad(lead + full)._pool(k, s, d).sum(axes)
+        if not any(extra) and (count_include_pad or not any(b or a for b, a in pads)):
+            return summed / math.prod(k)
+        ones = type(self).ones(*self.shape[-nd:], dtype=x.dtype, device=self.device)
+        if count_include_pad:
+            ones = ones.pad(tuple((b, a) for b, a in pads), value=1.0).pad(tuple((0, e) for e in extra))
+        else:
+            ones = ones.pad(full)
+        return summed / ones._pool(k, s, d).sum(axes)
+
+    def max_pool2d(
+        self: Tensor,
+        kernel_size: int | Sequence[int] = (2, 2),
+        stride: int | Sequence[int] | None = None,
+        dilation: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        ceil_mode: bool = False,
+        return_indices: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Max over windows of the last len(kernel_size) dims (2 for an int), as torch's max_pool. With
+        return_indices, also the flat index (int64) into each input plane of the first max of every window."""
+        k, s, d, pads, extra = self._pool_setup(kernel_size, stride, dilation, padding, ceil_mode)
+        nd = len(k)
+        lead = ((0, 0),) * (self.ndim - nd)
+        full = tuple((b, a + e) for (b, a), e in zip(pads, extra))
+        low = dtypes.min(self.dtype)
+        windows = self.pad(lead + full, value=low)._pool(k, s, d)
+        axes = tuple(range(-nd, 0))
+        out = windows.max(axes)
+        if not return_indices:
+            return out
+        plane = self.shape[-nd:]
+        pos = type(self).arange(math.prod(plane), dtype=dtypes.int64, device=self.device).reshape(plane)
+        pos_windows = pos.pad(full, value=-1)._pool(k, s, d)
+        hit = windows.eq(out.reshape(*out.shape, *(1,) * nd))
+        first = hit.where(pos_windows, 2**62).min(axes)
+        return out, first
+
+    def max_unpool2d(
+        self: Tensor,
+        indices: Tensor,
+        kernel_size: int | Sequence[int] = (2, 2),
+        stride: int | Sequence[int] | None = None,
+        dilation: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        output_size: Sequence[int] | None = None,
+    ) -> Tensor:
+        """The inverse of max_pool2d(return_indices=True): each value placed at its index in a zero plane of
+        output_size (by default the size the pool came from, as torch computes it)."""
+        k = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+        nd = len(k)
+        s = k if stride is None else _tuple(stride, nd, "stride")
+        d, p = _tuple(dilation, nd, "dilation"), _tuple(padding, nd, "padding")
+        ins = self.shape[-nd:]
+        if output_size is None:
+            out = [(n - 1) * ss - 2 * pp + dd * (kk - 1) + 1 for n, ss, pp, dd, kk in zip(ins, s, p, d, k)]
+        else:
+            out = list(output_size)[-nd:]
+        lead = self.shape[:-nd]
+        plane = type(self).zeros(*lead, math.prod(out), dtype=self.dtype, device=self.device)
+        flat = plane.scatter(-1, indices.reshape(*lead, -1), self.reshape(*lead, -1))
+        return flat.reshape(*lead, *out)
+
+    # *** interpolation ***
+
+    def interpolate(
+        self: Tensor,
+        size: Sequence[int] | None = None,
+        mode: str = "linear",
+        align_corners: bool = False,
+        scale_factor: float | Sequence[float] | None = None,
+    ) -> Tensor:
+        """Resize the last len(size) dims to `size` (or by `scale_factor`) with mode "nearest", "nearest-exact"
+        or "linear" (also "bilinear"/"trilinear": linear in every resized dim), source coordinates as in torch."""
+        if (size is None) == (scale_factor is None):
+            raise ValueError("interpolate needs exactly one of size and scale_factor")
+        if size is None:
+            assert scale_factor is not None
+            sf = [scale_factor] * (self.ndim - 2) if isinstance(scale_factor, (int, float)) else list(scale_factor)
+            size = [math.floor(dim * float(f)) for dim, f in zip(self.shape[-len(sf) :], sf)]
+        size = [int(v) for v in size]
+        if mode in ("bilinear", "trilinear"):
+            mode = "linear"
+        if mode not in ("nearest", "nearest-exact", "linear"):
+            raise ValueError(f"interpolate mode must be 'nearest', 'nearest-exact' or 'linear', got {mode!r}")
+        x = self if mode != "linear" else self.cast(least_upper_float(self.dtype))
+        for i, out in enumerate(size):
+            ax = self.ndim - len(size) + i
+            n = x.shape[ax]
+            if out == n and not (mode == "linear" and align_corners and out == 1):
+                continue
+            dst = np.arange(out, dtype=np.float32)
+            if mode == "linear":
+                if align_corners:
+                    scale = np.float32((n - 1) / (out - 1)) if out > 1 else np.float32(0)
+                    src = dst * scale
+                else:
+                    src = np.maximum((dst + np.float32(0.5)) * np.float32(n / out) - np.float32(0.5), 0)
+                lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
+                hi = np.minimum(lo + 1, n - 1)
+                frac = (src - lo).astype(np.float32)
+                w_shape = (out, *(1,) * (x.ndim - ax - 1))
+                lam = type(self)(frac, device=self.device).cast(x.dtype).reshape(w_shape)
+                x = x._along(ax, lo) * (1 - lam) + x._along(ax, hi) * lam
+            else:
+                shift = np.float32(0.5) if mode == "nearest-exact" else np.float32(0)
+                src = np.floor((dst + shift) * np.float32(n / out)).astype(np.int64)
+                x = x._along(ax, np.minimum(src, n - 1))
+        return x
+
+    def _along(self: Tensor, axis: int, positions: np.ndarray) -> Tensor:
+        """self[..., positions, ...] along `axis` for host-known positions."""
+        idx = type(self)(positions.astype(np.int32), device=self.device)
+        return self.movedim(axis, 0)._select_rows(idx).movedim(0, axis)
+
+    # *** normalization ***
+
+    def layernorm(self: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
+        """(x - mean) / sqrt(var + eps) over `axis` (biased variance), without affine parameters."""
+        x = self.cast(least_upper_float(self.dtype))
+        centered = x - x.mean(axis, keepdim=True)
+        return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+
+    def batchnorm(
+        self: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        mean: Tensor,
+        invstd: Tensor,
+        axis: int | Sequence[int] = 1,
+    ) -> Tensor:
+        """(x - mean) * invstd * weight + bias with the statistics (given, per channel) broadcast along `axis`."""
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(a % self.ndim for a in axes)
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        x = self - mean.reshape(shape)
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        x = x * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
+        return x + bias.reshape(shape) if bias is not None else x
+
+    def groupnorm(
+        self: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+    ) -> Tensor:
+        """Layer norm over each group of channels of (N, C, *), then per-channel weight and bias, as
+        torch.nn.functional.group_norm."""
+        n, c = self.shape[:2]
+        if c % num_groups:
+            raise ValueError(f"group norm of {c} channels in {num_groups} groups: {c} isn't divisible")
+        x = self.reshape(n, num_groups, -1).layernorm(-1, eps).reshape(self.shape)
+        shape = (1, c, *(1,) * (self.ndim - 2))
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        return x + bias.reshape(shape) if bias is not None else x
+
+    def rmsnorm(self: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-6) -> Tensor:
+        """x / sqrt(mean(x**2) + eps) over `axis`, without a weight."""
+        x = self.cast(least_upper_float(self.dtype))
+        return x * (x.square().mean(axis, keepdim=True) + eps).rsqrt()
+
+    # *** layers as functions ***
+
+    def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """self @ weight + bias with weight (in, out) as tinygrad's (a 1-d weight multiplies elementwise)."""
+        x = self * weight if weight.ndim == 1 else self.dot(weight)
+        return x + bias if bias is not None else x
+
+    def sequential(self: Tensor, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+        """The layers applied in order."""
+        return functools.reduce(lambda x, f: f(x), layers, self)
+
+    def dropout(self: Tensor, p: float = 0.5) -> Tensor:
+        """In training (`Tensor.training`), zero each element with probability p and scale the rest by
+        1/(1-p); the identity otherwise."""
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        if not type(self).training or p == 0:
+            return self
+        if p == 1:
+            return self.zeros_like()
+        keep = type(self).rand_like(self, contiguous=False) >= p
+        return keep.where(self, 0) * (1 / (1 - p))
+
+    def embedding(self: Tensor, weight: Tensor) -> Tensor:
+        """The rows of `weight` (num, dim) at this integer tensor's values: weight[self]."""
+        if not dtypes.is_int(self.dtype):
+            raise TypeError(f"embedding needs integer indices, got {self.dtype!r}")
+        return weight[self]
+
+    def scaled_dot_product_attention(
+        self: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """softmax(self @ key^T * scale + mask) @ value, as torch's: a bool mask keeps where true, a float mask is
+        added; is_causal masks out keys after each query; enable_gqa repeats key/value heads to the query's."""
+        if is_causal and attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention takes is_causal or attn_mask, not both")
+        if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+            rep = self.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
+        q = self.cast(least_upper_float(self.dtype))
+        s = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+        scores = q @ key.transpose(-2, -1) * s
+        if is_causal:
+            ql, kl = scores.shape[-2:]
+            attn_mask = type(self).ones(ql, kl, dtype=dtypes.bool, device=self.device).tril()
+        if attn_mask is not None:
+            scores = attn_mask.where(scores, -math.inf) if dtypes.is_bool(attn_mask.dtype) else scores + attn_mask
+        weights = scores.softmax(-1)
+        if dropout_p:
+            weights = weights.dropout(dropout_p)
+        return weights @ value
+
+    # *** losses ***
+
+    def binary_crossentropy(self: Tensor, Y: Tensor, reduction: str = "mean") -> Tensor:  # noqa: N803 - tinygrad's
+        """-(Y log p + (1 - Y) log(1 - p)) of probabilities p = self, logs clamped at -100 as in torch."""
+        loss = -(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(
+        self: Tensor,
+        Y: Tensor,  # noqa: N803 - tinygrad's name
+        reduction: str = "mean",
+        pos_weight: Tensor | None = None,
+    ) -> Tensor:
+        """Binary cross entropy of sigmoid(self), computed stably from the logits; pos_weight scales the
+        positive term, as torch's BCEWithLogits."""
+        log_sig = self.logsigmoid()
+        log_not = (-self).logsigmoid()
+        pos = Y * log_sig if pos_weight is None else pos_weight * Y * log_sig
+        return _reduce_loss(-(pos + (1 - Y) * log_not), reduction)
+
+    def sparse_categorical_crossentropy(
+        self: Tensor,
+        Y: Tensor,  # noqa: N803 - tinygrad's name
+        ignore_index: int = -1,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+    ) -> Tensor:
+        """Cross entropy of logits (classes on the last axis) against integer labels Y; labels equal to
+        ignore_index count neither in the loss nor in the mean."""
+        logp = self.log_softmax(-1)
+        c = self.shape[-1]
+        keep = Y.ne(ignore_index)
+        target = Y.one_hot(c).cast(logp.dtype) if c else logp.zeros_like()
+        nll = -(logp * target).sum(-1)
+        loss = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+        loss = keep.where(loss, 0)
+        return _reduce_loss(loss, reduction, keep.sum().cast(logp.dtype))
+
+    def cross_entropy(
+        self: Tensor,
+        Y: Tensor,  # noqa: N803 - tinygrad's name
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> Tensor:
+        """Cross entropy of logits (N, C, ...) or (C,) against class indices (N, ...) or class probabilities of the
+        input's shape, with torch's label smoothing and reduction."""
+        axis = 1 if self.ndim > 1 else 0
+        logp = self.log_softmax(axis)
+        c = self.shape[axis]
+        if dtypes.is_int(Y.dtype):
+            target = Y.one_hot(c).cast(logp.dtype).movedim(-1, axis)
+        else:
+            target = Y.cast(logp.dtype)
+        if label_smoothing:
+            target = target * (1 - label_smoothing) + label_smoothing / c
+        return _reduce_loss(-(logp * target).sum(axis), reduction)
+
+    def nll_loss(
+        self: Tensor,
+        Y: Tensor,  # noqa: N803 - tinygrad's name
+        weight: Tensor | None = None,
+        ignore_index: int | None = None,
+        reduction: str = "mean",
+    ) -> Tensor:
+        """Negative log likelihood of log-probabilities (N, C, ...) or (C,) at class indices Y, with optional
+        per-class weights (the mean divides by the summed weights, as torch)."""
+        axis = 1 if self.ndim > 1 else 0
+        c = self.shape[axis]
+        target = Y.one_hot(c).cast(self.dtype).movedim(-1, axis)
+        w = target if weight is None else target * weight.reshape(c, *(1,) * (self.ndim - axis - 1))
+        if ignore_index is not None:
+            w = w * Y.ne(ignore_index).unsqueeze(axis)
+        loss = -(self * w).sum(axis)
+        return _reduce_loss(loss, reduction, w.sum())

@@ -1,0 +1,414 @@
+"""Indexing of `Tensor`: `t[...]` and `t[...] = v` with ints, slices (any step), None, `...`, integer and boolean
+tensors in any combination (PyTorch's rules), and gather, scatter, scatter_reduce, one_hot, masked_select, nonzero.
+
+Basic indices (ints, slices, None) are movement ops. A tensor index selects by comparing it with an arange: a one-hot
+mask, a `where` and a sum over the indexed dimension, which runs on every device with no gather instruction (the cost
+is the product of the index's size and the indexed dimension's). Boolean indices have data-dependent shapes: they are
+turned into integer indices, which reads the mask back to the host (torch synchronizes there too). Integer indices out
+of range are not detected: they select nothing, giving 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+
+if TYPE_CHECKING:
+    from lazygrad.tensor import Tensor
+
+# entries of a parsed index: ("none",), ("empty",) for a False scalar, ("slice", start, stop, step), ("int", i),
+# ("tensor", t) for an integer tensor over one dimension
+_Entry = tuple[Any, ...]
+
+
+def _index_dtype(n: int) -> Any:
+    return dtypes.int32 if n < 2**31 else dtypes.int64
+
+
+def _is_int_tensor(t: Tensor) -> bool:
+    return dtypes.is_int(t.dtype)
+
+
+class IndexingMixin:
+    """Indexing ops of `Tensor` (mixed into it; see `lazygrad.tensor`)."""
+
+    __slots__ = ()
+
+    # *** parsing an index ***
+
+    def _as_index_tensor(self: Tensor, i: Any) -> Tensor:
+        t = i if isinstance(i, type(self)) else type(self)(np.asarray(i), device=self.device)
+        if t.device != self.device:
+            t = t.to(self.device)
+        if not (dtypes.is_int(t.dtype) or dtypes.is_bool(t.dtype)):
+            raise IndexError(f"tensors used as indices must be integer or bool tensors, got {t.dtype!r}")
+        return t
+
+    def _parse_index(self: Tensor, index: Any) -> list[_Entry]:
+        """The index as a list of entries, one per dimension it touches, Ellipsis expanded and bool tensors turned
+        into integer tensors (one per dimension they cover)."""
+        if isinstance(index, list) or isinstance(index, (type(self), np.ndarray)):
+            index = (index,)
+        elif not isinstance(index, tuple):
+            index = (index,)
+        items: list[Any] = []
+        for i in index:
+            if isinstance(i, (list, np.ndarray, type(self))) and not (isinstance(i, np.ndarray) and i.ndim == 0):
+                items.append(self._as_index_tensor(i))
+            elif isinstance(i, (bool, np.bool_)):
+                items.append(bool(i))
+            elif isinstance(i, (int, np.integer)) or (isinstance(i, np.ndarray) and i.ndim == 0):
+                items.append(int(i))
+            elif i is None or i is Ellipsis or isinstance(i, slice):
+                items.append(i)
+            else:
+                raise IndexError(
+                    f"index {i!r} of type {type(i).__name__} is not supported: use ints, slices, None, ..., "
+                    "or integer/bool tensors, lists or arrays"
+                )
+        if sum(i is Ellipsis for i in items) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+
+        def consumed(i: Any) -> int:
+            if isinstance(i, type(self)):
+                return i.ndim if dtypes.is_bool(i.dtype) else 1
+            return 0 if i is None or i is Ellipsis or isinstance(i, bool) else 1
+
+        n_used = sum(consumed(i) for i in items)
+        if n_used > self.ndim:
+            raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions: the index covers {n_used}")
+        fill = [slice(None)] * (self.ndim - n_used)
+        ellipsis = [k for k, i in enumerate(items) if i is Ellipsis]  # `in` would compare tensors elementwise
+        if ellipsis:
+            e = ellipsis[0]
+            items = items[:e] + fill + items[e + 1 :]
+        else:
+            items = items + fill
+        entries: list[_Entry] = []
+        dim = 0
+        for i in items:
+            if i is None or i is True:
+                entries.append(("none",))
+            elif i is False:
+                entries.append(("empty",))
+            elif isinstance(i, slice):
+                entries.append(("slice", *i.indices(self.shape[dim])))
+                dim += 1
+            elif isinstance(i, int):
+                size = self.shape[dim]
+                if not -size <= i < size:
+                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+                entries.append(("int", i % size))
+                dim += 1
+            elif dtypes.is_bool(i.dtype):
+                covered = self.shape[dim : dim + i.ndim]
+                if i.shape != covered:
+                    raise IndexError(
+                        f"boolean index of shape {i.shape} doesn't match the indexed dimensions {covered} "
+                        f"(dimensions {dim}..{dim + i.ndim - 1})"
+                    )
+                # data-dependent shape: the positions of the true elements are read back from the device
+                for pos in np.nonzero(i.numpy()):
+                    entries.append(("tensor", type(self)(pos.astype(np.int64), device=self.device)))
+                if i.ndim == 0:
+                    entries.append(("none",) if i.item() else ("empty",))
+                dim += i.ndim
+            else:
+                entries.append(("tensor", i))
+                dim += 1
+        return entries
+
+    # *** reading ***
+
+    def _basic_view(self: Tensor, entries: list[_Entry]) -> tuple[Tensor, list[int]]:
+        """The view selected by the ints, slices and Nones of `entries`, and the position in it of each dimension
+        that a tensor index still has to select from."""
+        t, dim, out_shape, tensor_pos = self, 0, [], []
+        for e in entries:
+            if e[0] == "none":
+                out_shape.append(1)
+                continue
+            if e[0] == "empty":
+                out_shape.append(0)
+                continue
+            if e[0] == "slice":
+                t = t._slice_dim(dim, *e[1:])
+                out_shape.append(t.shape[dim])
+            elif e[0] == "int":
+                t = t._slice_dim(dim, e[1], e[1] + 1, 1)
+            else:
+                tensor_pos.append(len(out_shape))
+                out_shape.append(t.shape[dim])
+            dim += 1
+        if any(e[0] == "empty" for e in entries):
+            t = t.reshape(-1).shrink(((0, 0),))  # a False index selects nothing
+        return t.reshape(out_shape), tensor_pos
+
+    def __getitem__(self: Tensor, index: Any) -> Tensor:
+        """Indexing with PyTorch's rules: ints, slices (any step), None, `...`, integer and bool tensors (or lists
+        and numpy arrays of them). Integer indices of several tensor indices broadcast together; their dimensions go
+        where the first one was if they are adjacent, else first."""
+        entries = self._parse_index(index)
+        view, pos = self._basic_view(entries)
+        if not pos:
+            return view
+        idx = [e[1] for e in entries if e[0] == "tensor"]
+        return view._take(idx, pos)
+
+    def _take(self: Tensor, idx: list[Tensor], pos: list[int]) -> Tensor:
+        """self indexed by integer tensors `idx` at dimensions `pos` (all others kept whole)."""
+        from lazygrad.tensor import _broadcast_shape
+
+        bshape = _broadcast_shape(*(i.shape for i in idx))
+        sizes = [self.shape[p] for p in pos]
+        rest = [d for i, d in enumerate(self.shape) if i not in pos]
+        consecutive = pos[-1] - pos[0] == len(pos) - 1
+        m = math.prod(sizes)
+        if m == 0 or math.prod(bshape) == 0 or math.prod(rest) == 0:
+            out = type(self).zeros(*bshape, *rest, dtype=self.dtype, device=self.device)
+        else:
+            idt = _index_dtype(m)
+            flat, stride = None, 1
+            for i, n in zip(reversed(idx), reversed(sizes)):
+                i = i.cast(idt)
+                i = (i < 0).where(i + n, i) * stride
+                flat = i if flat is None else flat + i
+                stride *= n
+            assert flat is not None
+            x = self.permute(pos + [i for i in range(self.ndim) if i not in pos]).reshape(m, *rest)
+            out = x._select_rows(flat._broadcast_to(bshape))
+        if consecutive and pos[0] > 0:
+            nb = len(bshape)
+            before = list(range(nb, nb + pos[0]))
+            out = out.permute(before + list(range(nb)) + list(range(nb + pos[0], out.ndim)))
+        return out
+
+    def _select_rows(self: Tensor, flat: Tensor) -> Tensor:
+        """Rows self[flat] of a tensor (m, *rest), for an integer tensor `flat` of any shape: flat.shape + rest."""
+        m, rest = self.shape[0], self.shape[1:]
+        arange = type(self).arange(m, dtype=flat.dtype, device=self.device)
+        onehot = flat.reshape(*flat.shape, 1).eq(arange).reshape(*flat.shape, m, *(1,) * len(rest))
+        x = self.reshape(*(1,) * flat.ndim, m, *rest)
+        return onehot._pick(x, flat.ndim)
+
+    def _pick(self: Tensor, x: Tensor, axis: int) -> Tensor:
+        """The element of `x` along `axis` where this one-hot mask is true (0 where it is nowhere true)."""
+        chosen = self.where(x, x.zeros_like() if dtypes.is_bool(x.dtype) else 0)
+        if dtypes.is_bool(x.dtype):
+            return chosen.max(axis)
+        # exactly one term is nonzero, so summing in the element type is exact
+        return chosen.sum(axis, dtype=x.dtype)
+
+    # *** writing ***
+
+    def __setitem__(self: Tensor, index: Any, value: Any) -> None:
+        """`t[index] = value`: the selected elements become `value` (broadcast, cast to this tensor's dtype), in place
+        through `assign`. With repeated tensor indices the last write wins."""
+        if (
+            isinstance(index, type(self))
+            and dtypes.is_bool(index.dtype)
+            and index.shape == self.shape[: index.ndim]
+            and (not isinstance(value, type(self)) or value.numel() == 1)
+        ):
+            # a mask over leading dimensions and one value: a where, with no read-back of the mask
+            v = value.reshape(()) if isinstance(value, type(self)) else value
+            mask = index.reshape(*index.shape, *(1,) * (self.ndim - index.ndim))
+            self.assign(mask.where(self._const_like(v) if not isinstance(v, type(self)) else v.cast(self.dtype), self))
+            return
+        entries = self._parse_index(index)
+        if any(e[0] == "tensor" for e in entries):
+            self.assign(self._scatter_flat(index, value))
+            return
+        view, _ = self._basic_view(entries)
+        if view.numel() == 0:
+            return
+        sliced = [e for e in entries if e[0] in ("slice", "int")]
+        shape = [1 if e[0] == "int" else len(range(*e[1:])) for e in sliced]
+        v = self._value_for(value, view.shape).reshape(shape)
+        mask = type(self).full(shape, True, dtype=dtypes.bool, device=self.device)
+        for d, e in enumerate(sliced):
+            start, stop, step = (e[1], e[1] + 1, 1) if e[0] == "int" else e[1:]
+            v = v._unslice_dim(d, start, stop, step, self.shape[d])
+            mask = mask._unslice_dim(d, start, stop, step, self.shape[d])
+        self.assign(mask.where(v, self))
+
+    def _value_for(self: Tensor, value: Any, shape: tuple[int, ...]) -> Tensor:
+        """`value` as a tensor of this tensor's dtype broadcast to `shape` (extra leading size-1 dims dropped)."""
+        v = value if isinstance(value, type(self)) else type(self)(value, device=self.device, dtype=self.dtype)
+        v = v.cast(self.dtype)
+        while v.ndim > len(shape) and v.shape[0] == 1:
+            v = v.reshape(v.shape[1:])
+        try:
+            return v._broadcast_to(shape)
+        except ValueError:
+            raise ValueError(f"can't assign a value of shape {v.shape} to an index of shape {shape}") from None
+
+    def _unslice_dim(self: Tensor, dim: int, start: int, stop: int, step: int, size: int) -> Tensor:
+        """The inverse of `_slice_dim`: this tensor placed at the sliced positions of a dimension of `size`, zeros
+        (False) elsewhere."""
+        if step < 0:
+            return self._unslice_dim(dim, size - 1 - start, size - 1 - stop, -step, size).flip(dim)
+        n = self.shape[dim]
+        t = self
+        if step > 1:
+            pad = [(0, 0)] * (t.ndim + 1)
+            pad[dim + 1] = (0, step - 1)
+            t = t.unsqueeze(dim + 1).pad(pad)
+            t = t.reshape(t.shape[:dim] + (n * step,) + t.shape[dim + 2 :])
+        keep = min(t.shape[dim], size - start)
+        box: list[tuple[int, int] | None] = [None] * t.ndim
+        box[dim] = (0, keep)
+        pad = [(0, 0)] * t.ndim
+        pad[dim] = (start, size - start - keep)
+        return t.shrink(box).pad(pad)
+
+    def _scatter_flat(self: Tensor, index: Any, value: Any) -> Tensor:
+        """This tensor with `value` written at `index` (any index): the flat position of every indexed element is
+        found by indexing an arange, then matched against every position (the last write wins)."""
+        n = self.numel()
+        idt = _index_dtype(n)
+        arange = type(self).arange
+        selected = arange(n, dtype=idt, device=self.device).reshape(self.shape)[index]
+        k = selected.numel()
+        if k == 0:
+            return self
+        positions, v = selected.flatten(), self._value_for(value, selected.shape).flatten()
+        hits = positions.reshape(1, k).eq(arange(n, dtype=idt, device=self.device).reshape(n, 1))
+        order = arange(k, dtype=idt, device=self.device).reshape(1, k)
+        last = hits.where(order, -1).max(1, keepdim=True)
+        chosen = hits.logical_and(order.eq(last))
+        new = chosen._pick(v.reshape(1, k), 1)
+        return (last.reshape(n) >= 0).where(new, self.flatten()).reshape(self.shape)
+
+    # *** gather and scatter ***
+
+    def _onehot_along(self: Tensor, n: int) -> Tensor:
+        """For an integer index tensor: its one-hot mask over `n` positions as a new last dimension (negative
+        indices count from the end)."""
+        i = self.cast(_index_dtype(n))
+        i = (i < 0).where(i + n, i)
+        return i.unsqueeze(-1).eq(type(self).arange(n, dtype=i.dtype, device=self.device))
+
+    def _check_index_shape(self: Tensor, dim: int, index: Tensor, what: str) -> int:
+        from lazygrad.movement import _axis
+
+        d = _axis(dim, self.ndim)
+        if not _is_int_tensor(index):
+            raise IndexError(f"{what} needs an integer index tensor, got {index.dtype!r}")
+        if index.ndim != self.ndim:
+            raise ValueError(
+                f"{what} needs an index with as many dimensions as the tensor ({self.ndim}), got {index.ndim}"
+            )
+        if any(i > s for k, (i, s) in enumerate(zip(index.shape, self.shape)) if k != d):
+            raise ValueError(f"{what} index of shape {index.shape} is larger than the tensor {self.shape} off dim {d}")
+        return d
+
+    def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+        """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (and so on), as torch.gather."""
+        d = self._check_index_shape(dim, index, "gather")
+        n = self.shape[d]
+        x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
+        # the indexed dimension last, matched against the one-hot mask's last dimension
+        x = x.movedim(d, -1).unsqueeze(d)
+        return index._onehot_along(n)._pick(x, -1)
+
+    def _scatter_parts(self: Tensor, d: int, index: Tensor, src: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """The one-hot mask (index shape + N) of where each index element writes, the source values shaped to
+        broadcast against it, and the mask moved to this tensor's layout reduced over `d`: where anything writes."""
+        n = self.shape[d]
+        hits = index._onehot_along(n)
+        if isinstance(src, type(self)):
+            if src.ndim != self.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+                raise ValueError(f"scatter source of shape {src.shape} is smaller than the index {index.shape}")
+            vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
+        else:
+            vals = self._const_like(src)._broadcast_to(index.shape)
+        return hits, vals.unsqueeze(-1), self._from_index_layout(hits.max(d), d)
+
+    def _from_index_layout(self: Tensor, t: Tensor, d: int) -> Tensor:
+        """A reduction over `d` of an (index shape + N) tensor moved into this tensor's layout, padded (0/False)
+        beyond the index's extent."""
+        t = t.movedim(-1, d)
+        return t.pad(tuple((0, s - i) for s, i in zip(self.shape, t.shape)))
+
+    def scatter(self: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
+        """self[index[i][j]][j] = src[i][j] for dim=0 (and so on), as torch.scatter; `src` may be a scalar.
+        reduce="add" or "multiply" combines with the existing values instead. Repeated indices: the last wins."""
+        d = self._check_index_shape(dim, index, "scatter")
+        if reduce is not None:
+            if reduce not in ("add", "multiply"):
+                raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+            return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+        hits, vals, written = self._scatter_parts(d, index, src)
+        order = type(self).arange(index.shape[d], device=self.device)
+        order = order.reshape(*(1,) * d, index.shape[d], *(1,) * (index.ndim - d - 1), 1)
+        last = hits.where(order, -1).max(d, keepdim=True)
+        chosen = hits.logical_and(order.eq(last))
+        new = chosen._pick(vals._broadcast_to(hits.shape), d)
+        return written.where(self._from_index_layout(new, d), self)
+
+    def scatter_reduce(
+        self: Tensor, dim: int, index: Tensor, src: Any, reduce: str, include_self: bool = True
+    ) -> Tensor:
+        """Combine `src` into self at `index` along `dim` with reduce "sum", "prod", "mean", "amax" or "amin", as
+        torch.scatter_reduce (include_self=False leaves the existing values out where something is written)."""
+        d = self._check_index_shape(dim, index, "scatter_reduce")
+        hits, vals, written = self._scatter_parts(d, index, src)
+        vals = vals._broadcast_to(hits.shape)
+        dt = self.dtype
+        if reduce in ("sum", "mean"):
+            acc = hits.where(vals, 0).sum(d, dtype=dt)
+            out = self._from_index_layout(acc, d)
+            if include_self:
+                out = out + self
+            if reduce == "mean":
+                count = self._from_index_layout(hits.sum(d, dtype=dtypes.int32), d) + int(include_self)
+                count = count.maximum(1).cast(dt)
+                out = out / count if dtypes.is_float(dt) else out.floordiv(count)
+        elif reduce == "prod":
+            out = self._from_index_layout(hits.where(vals, 1)._reduce(Ops.MUL, d, False), d)
+            if include_self:
+                out = out * self
+        elif reduce in ("amax", "amin"):
+            lo_hi = dtypes.min(dt) if reduce == "amax" else dtypes.max(dt)
+            picked = hits.where(vals, lo_hi)
+            acc = picked.max(d) if reduce == "amax" else picked.min(d)
+            out = self._from_index_layout(acc, d)
+            if include_self:
+                out = out.maximum(self) if reduce == "amax" else out.minimum(self)
+        else:
+            raise ValueError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        return written.where(out.cast(dt), self)
+
+    # *** selections with data-dependent shapes and one-hot ***
+
+    def masked_select(self: Tensor, mask: Tensor) -> Tensor:
+        """The elements where `mask` (broadcast with self) is true, as a 1-d tensor (reads the mask back)."""
+        x, m = self._broadcasted_pair(mask)
+        return x.flatten()[m.flatten()]
+
+    def _broadcasted_pair(self: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        from lazygrad.tensor import _broadcast_shape
+
+        shape = _broadcast_shape(self.shape, mask.shape)
+        return self._broadcast_to(shape), mask.bool()._broadcast_to(shape)
+
+    def nonzero(self: Tensor) -> Tensor:
+        """The indices of the nonzero elements, shape (count, ndim), int64 (reads the values back)."""
+        pos = np.stack(np.nonzero(self.numpy()), axis=-1) if self.ndim else np.zeros((int(self.item() != 0), 0))
+        return type(self)(pos.astype(np.int64).reshape(-1, self.ndim), device=self.device)
+
+    def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
+        """One-hot int64 vectors of an integer tensor's values in a new last dimension (num_classes=-1: the largest
+        value + 1, which reads the values back)."""
+        if not _is_int_tensor(self):
+            raise TypeError(f"one_hot needs an integer tensor, got {self.dtype!r}")
+        if num_classes == -1:
+            num_classes = int(self.max().item()) + 1 if self.numel() else 0
+        arange = type(self).arange(num_classes, dtype=self.dtype, device=self.device)
+        return self.unsqueeze(-1).eq(arange).cast(dtypes.int64)

@@ -1,0 +1,241 @@
+"""Optimizers: SGD (momentum, nesterov, weight decay), Adam, AdamW and LAMB, with tinygrad's signatures.
+
+A step is lazy graph work like everything else: each parameter and state tensor is `assign`ed its update, and
+`step()` realizes them all in one schedule, so the backward pass fuses into the update kernels. The learning rate
+and Adam's bias-correction powers live in small tensors rather than Python floats, so a changing learning rate
+does not change the kernels (and never recompiles them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lazygrad.tensor import Tensor, _all_tensors
+from lazygrad_scheduler import is_view_of_leaf
+from lazygrad_scheduler.kernelize import base_buffer, view_base
+from lazygrad_uop.dtype import DType, dtypes
+from lazygrad_uop.ops import Ops
+
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup"]
+
+
+def _dedup(tensors: Sequence[Tensor]) -> list[Tensor]:
+    seen: set[int] = set()
+    return [t for t in tensors if not (id(t) in seen or seen.add(id(t)))]
+
+
+def _zeros(p: Tensor, dtype: DType | None = None) -> Tensor:
+    """Zeros shaped as `p` in a buffer of their own. (`Tensor.zeros(...).contiguous()` would not do: equal lazy
+    graphs are one node, so two of them realized together would share one buffer.)"""
+    dt = dtype or p.dtype
+    return Tensor.empty(*p.shape, dtype=dt, device=p.device).assign(Tensor.zeros(*p.shape, dtype=dt, device=p.device))
+
+
+def _state_tensor(value: float, like: Tensor) -> Tensor:
+    """A realized one-element float32 tensor on `like`'s device: state that kernels read instead of a constant."""
+    return Tensor([value], device=like.device, dtype=dtypes.float32).requires_grad_(False)
+
+
+class Optimizer:
+    """The base of every optimizer: `params` with requires_grad None become trainable (True), those with False are
+    state to keep realized alongside (e.g. BatchNorm's running statistics).
+
+    Subclasses implement `_step(grads)`, which assigns each parameter its update and returns the state tensors it
+    changed.
+    """
+
+    def __init__(self, params: Sequence[Tensor], lr: float | Tensor) -> None:
+        for p in params:
+            if p.requires_grad is None:
+                p.requires_grad = True
+        self.params = _dedup([p for p in params if p.requires_grad])
+        if not self.params:
+            raise ValueError(
+                "the optimizer got no parameters to train; pass get_parameters(model) or a list of tensors"
+            )
+        self.buffers = _dedup([p for p in params if not p.requires_grad])
+        self.device = self.params[0].device
+        self.lr = lr if isinstance(lr, Tensor) else _state_tensor(lr, self.params[0])
+
+    def zero_grad(self) -> None:
+        """Forget the gradients of every parameter (the next backward() starts from zero)."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        """Update every parameter from its `.grad`, realizing all of it in one schedule."""
+        before = {base_buffer(view_base(p.uop)) for p in (*self.params, *self.buffers) if is_view_of_leaf(p.uop)}
+        targets = self.schedule_step()
+        Tensor.realize(*targets, *_unrealized_readers(before, targets))
+
+    def schedule_step(self) -> list[Tensor]:
+        """Assign the updates without running them; returns the tensors to realize (parameters, state, buffers)."""
+        missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        if missing:
+            raise RuntimeError(
+                f"parameters {missing} have no .grad: call loss.backward() before step(), and check that the loss "
+                "depends on every parameter given to the optimizer"
+            )
+        grads = [p.grad for p in self.params]
+        state = self._step(grads)  # type: ignore[arg-type]
+        return [*self.params, *state, *self.buffers, self.lr]
+
+    def _step(self, grads: list[Tensor]) -> list[Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step(grads)")
+
+    def _lr(self, p: Tensor) -> Tensor | float:
+        return self.lr.cast(p.dtype) if isinstance(self.lr, Tensor) else self.lr
+
+
+def _unrealized_readers(buffers: set, exclude: list[Tensor]) -> list[Tensor]:
+    """Live lazy tensors (a loss, an output, a gradient) that read parameter buffers a step is about to overwrite:
+    they are realized in the same schedule, before the writes, so they keep the values they were built from."""
+    skip = {id(t) for t in exclude}
+    readers = []
+    for t in list(_all_tensors):
+        if id(t) in skip or is_view_of_leaf(t.uop):
+            continue
+        if any(u.op is Ops.BUFFER and u in buffers for u in t.uop.toposort):
+            readers.append(t)
+    return readers
+
+
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (e.g. different learning rates for different parameters)."""
+
+    def __init__(self, *optimizers: Optimizer) -> None:
+        self.optimizers = optimizers
+        self.params = [p for o in optimizers for p in o.params]
+        self.buffers = [b for o in optimizers for b in o.buffers]
+
+    def __getitem__(self, i: int) -> Optimizer:
+        return self.optimizers[i]
+
+    def zero_grad(self) -> None:
+        """Forget the gradients of every optimizer's parameters."""
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def schedule_step(self) -> list[Tensor]:
+        """Every optimizer's update, to realize together."""
+        return [t for o in self.optimizers for t in o.schedule_step()]
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent as torch.optim.SGD (dampening 0): g = grad + weight_decay * p;
+    with momentum, b = momentum * b + g and the step uses b (nesterov: g + momentum * b); p -= lr * step."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float | Tensor = 0.001,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov momentum needs momentum > 0")
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
+        # momentum buffers start at zero, so the first step's buffer is the gradient itself, as in torch
+        self.b = [_zeros(p) for p in self.params] if momentum else []
+        if self.b:
+            Tensor.realize(*self.b)
+
+    def _step(self, grads: list[Tensor]) -> list[Tensor]:
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            g = g.detach()
+            if self.weight_decay:
+                g = g + self.weight_decay * p.detach()
+            if self.momentum:
+                b = self.b[i].assign(self.momentum * self.b[i] + g)
+                g = g + self.momentum * b if self.nesterov else b
+            p.assign((p.detach() - self._lr(p) * g).cast(p.dtype))
+        return self.b
+
+
+class LAMB(Optimizer):
+    """LAMB (layer-wise adaptive moments): Adam's update u = m^ / (sqrt(v^) + eps) + weight_decay * p, scaled per
+    parameter by the trust ratio ||p|| / ||u||. With adam=True the trust ratio is 1: that is AdamW (and Adam when
+    weight_decay is 0), with decoupled weight decay as in torch.optim.AdamW."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float | Tensor = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam: bool = False,
+        *,
+        betas: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(params, lr)
+        self.b1, self.b2 = betas if betas is not None else (b1, b2)
+        self.eps, self.weight_decay, self.adam = eps, weight_decay, adam
+        # b1**t and b2**t for the bias correction, advanced on the device with every step
+        self.b1_t, self.b2_t = _state_tensor(1.0, self.params[0]), _state_tensor(1.0, self.params[0])
+        self.m = [_zeros(p, dtypes.float32) for p in self.params]
+        self.v = [_zeros(p, dtypes.float32) for p in self.params]
+        Tensor.realize(*self.m, *self.v)
+
+    def _step(self, grads: list[Tensor]) -> list[Tensor]:
+        self.b1_t.assign(self.b1_t * self.b1)
+        self.b2_t.assign(self.b2_t * self.b2)
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            g = g.detach().float()
+            m.assign(self.b1 * m + (1.0 - self.b1) * g)
+            v.assign(self.b2 * v + (1.0 - self.b2) * g * g)
+            m_hat = m / (1.0 - self.b1_t)
+            v_hat = v / (1.0 - self.b2_t)
+            up = m_hat / (v_hat.sqrt() + self.eps) + self.weight_decay * p.detach().float()
+            if self.adam:
+                step = self._lr(p) * up
+            else:
+                r1 = p.detach().float().square().sum().sqrt()
+                r2 = up.square().sum().sqrt()
+                trust = (r1 > 0).where((r2 > 0).where(r1 / r2, 1.0), 1.0)
+                step = self._lr(p) * trust * up
+            p.assign((p.detach() - step).cast(p.dtype))
+        return [self.b1_t, self.b2_t, *self.m, *self.v]
+
+
+class Adam(LAMB):
+    """Adam as torch.optim.Adam; weight_decay adds weight_decay * p to the gradient (L2, not decoupled)."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float | Tensor = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        betas: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(params, lr, b1, b2, eps, 0.0, adam=True, betas=betas)
+        self.l2 = weight_decay
+
+    def _step(self, grads: list[Tensor]) -> list[Tensor]:
+        if self.l2:
+            grads = [g + self.l2 * p.detach() for g, p in zip(grads, self.params)]
+        return super()._step(grads)
+
+
+class AdamW(LAMB):
+    """AdamW as torch.optim.AdamW: Adam with decoupled weight decay (p -= lr * weight_decay * p)."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float | Tensor = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        *,
+        betas: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True, betas=betas)

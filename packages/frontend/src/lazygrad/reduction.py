@@ -1,0 +1,361 @@
+"""Reductions of `Tensor` beyond sum/max/min/mean: statistics, softmax and logsumexp, scans (cumsum, cumprod,
+cummax, ...), arg-extremes, sorting, top-k and einsum.
+
+Everything is REDUCE_AXIS over compositions of elementwise and movement ops:
+- a scan of n elements reduces an (n, n) triangle of where-masked copies; long scans are split into blocks of about
+  sqrt(n) scanned twice, so the work stays O(n sqrt n);
+- argmax finds the first position equal to the max with a reversed arange;
+- sort and topk rank each element by counting the ones that go before it (an (n, n) comparison, stable, nan last
+  as in torch), then place each by a one-hot match of its rank. That costs O(n^2) per row: fine for the sizes
+  models sort (top-k logits, a few thousand), not for sorting millions of elements.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+from lazygrad_uop.ops import Ops
+
+if TYPE_CHECKING:
+    from lazygrad.tensor import Tensor
+
+_SCAN_DIRECT = 256  # scans up to this length reduce one triangle; longer ones are blocked
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
+    return axis % max(ndim, 1)
+
+
+def _before(p: Tensor, q: Tensor, descending: bool) -> Tensor:
+    """p strictly before q in sorted order, nan counting as the largest value."""
+    if descending:
+        p, q = q, p
+    less = p < q
+    if dtypes.is_float(p.dtype):
+        less = less.logical_or(q.isnan().logical_and(p.isnan().logical_not()))
+    return less
+
+
+def _same(p: Tensor, q: Tensor) -> Tensor:
+    eq = p.eq(q)
+    return eq.logical_or(p.isnan().logical_and(q.isnan())) if dtypes.is_float(p.dtype) else eq
+
+
+_SCAN_IDENTITY = {"sum": 0, "prod": 1}
+
+
+class ReductionMixin:
+    """Reductions of `Tensor` (mixed into it; see `lazygrad.tensor`)."""
+
+    __slots__ = ()
+
+    # *** truth ***
+
+    def any(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """True where any element over `axis` is nonzero."""
+        return self.bool().max(axis, keepdim) if self.numel() else self.bool().sum(axis, keepdim).bool()
+
+    def all(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """True where every element over `axis` is nonzero."""
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def isclose(self: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+        """|self - other| <= atol + rtol * |other| elementwise, as torch.isclose (infinities equal themselves only)."""
+        a, b = self._broadcasted(other)
+        if not dtypes.is_float(a.dtype):
+            return a.eq(b)
+        close = a.eq(b).logical_or((a - b).abs() <= atol + rtol * b.abs())
+        return close.logical_or(a.isnan().logical_and(b.isnan())) if equal_nan else close
+
+    def allclose(self: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+        """True when every element is close (see isclose); reads the result back."""
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    # *** statistics ***
+
+    def var(
+        self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
+    ) -> Tensor:
+        """Variance over `axis`, divided by (n - correction): 1 gives the unbiased estimate (torch's default)."""
+        x = self.cast(least_upper_float(self.dtype))
+        squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        n = x.numel() // max(squares.numel(), 1) if squares.numel() else 0
+        return squares.div(max(n - correction, 0))
+
+    def std(
+        self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
+    ) -> Tensor:
+        """Standard deviation over `axis` (see var)."""
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def var_mean(
+        self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
+    ) -> tuple[Tensor, Tensor]:
+        """(var, mean) over `axis`."""
+        return self.var(axis, keepdim, correction), self.cast(least_upper_float(self.dtype)).mean(axis, keepdim)
+
+    def std_mean(
+        self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
+    ) -> tuple[Tensor, Tensor]:
+        """(std, mean) over `axis`."""
+        return self.std(axis, keepdim, correction), self.cast(least_upper_float(self.dtype)).mean(axis, keepdim)
+
+    # *** softmax family ***
+
+    def _shifted_max(self: Tensor, axis: int | Sequence[int] | None) -> Tensor:
+        """The max over `axis` (kept), without gradient, with infinities replaced by 0 so that x - max stays finite."""
+        m = self.max(axis, keepdim=True).detach()
+        return m.isinf().where(0.0, m)
+
+    def logsumexp(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        """log(sum(exp(x))) over `axis`, computed stably."""
+        x = self.cast(least_upper_float(self.dtype))
+        m = x._shifted_max(axis)
+        out = (x - m).exp().sum(axis, keepdim=True).log() + m
+        return out if keepdim else out.reshape(x.sum(axis).shape)
+
+    def softmax(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """exp(x) / sum(exp(x)) over `axis` (computed in `dtype` if given)."""
+        x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """x - logsumexp(x) over `axis` (computed in `dtype` if given)."""
+        x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        return x - x.logsumexp(axis, keepdim=True)
+
+    # *** scans ***
+
+    def _scan_last(self: Tensor, kind: str) -> Tensor:
+        """Inclusive scan along the last axis with "sum", "prod", "max" or "min"."""
+        n = self.shape[-1]
+        if n <= 1:
+            return self
+        identity = _SCAN_IDENTITY.get(kind, dtypes.min(self.dtype) if kind == "max" else dtypes.max(self.dtype))
+        if n <= _SCAN_DIRECT:
+            arange = type(self).arange(n, device=self.device)
+            tri = arange.reshape(1, n) <= arange.reshape(n, 1)  # [i, j]: element j counts toward output i
+            window = tri.where(self.unsqueeze(-2), identity)
+            return window._reduce_kind(kind, -1)
+        block = math.isqrt(n - 1) + 1
+        nb = math.ceil(n / block)
+        lead = self.shape[:-1]
+        x = self.pad(((0, 0),) * len(lead) + ((0, nb * block - n),), value=identity).reshape(*lead, nb, block)
+        inner = x._scan_last(kind)
+        totals = inner.shrink(tuple((0, d) for d in (*lead, nb)) + ((block - 1, block),)).reshape(*lead, nb)
+        # what the blocks before each one contribute: an exclusive scan of the totals
+        before = totals._scan_last(kind).pad(((0, 0),) * len(lead) + ((1, 0),), value=identity)
+        before = before.shrink(tuple((0, d) for d in lead) + ((0, nb),)).unsqueeze(-1)
+        combined = {"sum": inner + before, "prod": inner * before}.get(kind)
+        if combined is None:
+            combined = inner.maximum(before) if kind == "max" else inner.minimum(before)
+        return combined.reshape(*lead, nb * block).shrink(tuple((0, d) for d in lead) + ((0, n),))
+
+    def _reduce_kind(self: Tensor, kind: str, axis: int) -> Tensor:
+        if kind == "sum":
+            return self._reduce(Ops.ADD, axis, False)
+        if kind == "prod":
+            return self._reduce(Ops.MUL, axis, False)
+        return self.max(axis) if kind == "max" else self.min(axis)
+
+    def _scan(self: Tensor, kind: str, axis: int) -> Tensor:
+        if self.ndim == 0:
+            return self
+        d = _axis(axis, self.ndim)
+        return self.movedim(d, -1)._scan_last(kind).movedim(-1, d)
+
+    def cumsum(self: Tensor, axis: int = 0, dtype: DType | str | None = None) -> Tensor:
+        """Running sum along `axis`; bools and integers sum to int64, half precision accumulates in float32."""
+        if dtype is not None:
+            out_dt = to_dtype(dtype)
+        elif dtypes.is_int(self.dtype) or dtypes.is_bool(self.dtype):
+            out_dt = dtypes.uint64 if self.dtype == dtypes.uint64 else dtypes.int64
+        else:
+            out_dt = self.dtype
+        work = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
+        return self.cast(work)._scan("sum", axis).cast(out_dt)
+
+    def cumprod(self: Tensor, axis: int = 0, dtype: DType | str | None = None) -> Tensor:
+        """Running product along `axis`; bools and integers multiply in int64."""
+        dt = to_dtype(dtype) if dtype is not None else dtypes.int64 if not dtypes.is_float(self.dtype) else self.dtype
+        return self.cast(dt)._scan("prod", axis)
+
+    def _cum_extreme(self: Tensor, axis: int, kind: str) -> tuple[Tensor, Tensor]:
+        values = self._scan(kind, axis)
+        if self.ndim == 0:
+            return values, type(self)(0, device=self.device, dtype=dtypes.int64)
+        d = _axis(axis, self.ndim)
+        n = self.shape[d]
+        x, v = self.movedim(d, -1), values.movedim(d, -1)
+        arange = type(self).arange(n, device=self.device)
+        tri = arange.reshape(1, n) <= arange.reshape(n, 1)
+        # the last position at or before i holding the running extreme (torch's tie rule)
+        hit = tri.logical_and(_same(x.unsqueeze(-2), v.unsqueeze(-1)))
+        idx = hit.where(arange.reshape(1, n), -1).max(-1)
+        return values, idx.movedim(-1, d).cast(dtypes.int64)
+
+    def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+        """(running max, the index where it was last reached) along `axis`."""
+        return self._cum_extreme(axis, "max")
+
+    def cummin(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+        """(running min, the index where it was last reached) along `axis`."""
+        return self._cum_extreme(axis, "min")
+
+    def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
+        """log(cumsum(exp(x))) along `axis`, shifted by the max for stability."""
+        x = self.cast(least_upper_float(self.dtype))
+        if x.ndim == 0:
+            return x
+        m = x._shifted_max(_axis(axis, x.ndim))
+        return (x - m).exp().cumsum(axis).log() + m
+
+    # *** arg-extremes ***
+
+    def _arg_extreme(self: Tensor, axis: int | None, keepdim: bool, largest: bool) -> Tensor:
+        if axis is None:
+            return self.flatten()._arg_extreme(0, False, largest)
+        if self.ndim == 0:
+            return type(self)(0, device=self.device, dtype=dtypes.int64)
+        d = _axis(axis, self.ndim)
+        n = self.shape[d]
+        if n == 0:
+            raise ValueError(f"{'argmax' if largest else 'argmin'} of an empty dimension {d} has no answer")
+        m = self.max(d, keepdim=True) if largest else self.min(d, keepdim=True)
+        hit = self.eq(m)
+        if dtypes.is_float(self.dtype):
+            hit = hit.logical_or(self.isnan())  # a nan is the extreme (and the only kind equal to a nan max)
+        countdown = type(self).arange(n, 0, -1, device=self.device).reshape(n, *(1,) * (self.ndim - d - 1))
+        first = hit.where(countdown, 0).max(d, keepdim)
+        return (n - first).cast(dtypes.int64)
+
+    def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """The index (int64) of the first largest element along `axis` (of the flattened tensor if None)."""
+        return self._arg_extreme(axis, keepdim, True)
+
+    def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """The index (int64) of the first smallest element along `axis` (of the flattened tensor if None)."""
+        return self._arg_extreme(axis, keepdim, False)
+
+    # *** sorting ***
+
+    def _ranks(self: Tensor, descending: bool) -> Tensor:
+        """The sorted position of each element along the last axis (stable: ties keep their order)."""
+        n = self.shape[-1]
+        mine, other = self.unsqueeze(-1), self.unsqueeze(-2)  # [..., i, j]: element i against element j
+        arange = type(self).arange(n, device=self.device)
+        earlier = arange.reshape(1, n) < arange.reshape(n, 1)
+        goes_first = _before(other, mine, descending).logical_or(_same(other, mine).logical_and(earlier))
+        return goes_first.sum(-1, dtype=dtypes.int32)
+
+    def _by_rank(self: Tensor, k: int, descending: bool) -> tuple[Tensor, Tensor]:
+        """The first `k` elements in sorted order along the last axis and their indices."""
+        n = self.shape[-1]
+        arange = type(self).arange
+        place = self._ranks(descending).unsqueeze(-1).eq(arange(k, device=self.device))  # [..., i, r]
+        values = place._pick(self.unsqueeze(-1), -2)
+        indices = place._pick(arange(n, dtype=dtypes.int64, device=self.device).reshape(n, 1), -2)
+        return values, indices
+
+    def sort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = True) -> tuple[Tensor, Tensor]:
+        """(sorted values, their original indices as int64) along `dim`; always stable, nan sorts last (first
+        when descending), as torch.sort(stable=True)."""
+        if self.ndim == 0:
+            return self, type(self)(0, device=self.device, dtype=dtypes.int64)
+        d = _axis(dim, self.ndim)
+        x = self.movedim(d, -1)
+        values, indices = x._by_rank(x.shape[-1], descending)
+        return values.movedim(-1, d), indices.movedim(-1, d)
+
+    def argsort(self: Tensor, dim: int = -1, descending: bool = False, stable: bool = True) -> Tensor:
+        """The indices (int64) that sort the tensor along `dim`."""
+        return self.sort(dim, descending, stable)[1]
+
+    def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+        """(the k largest (or smallest) values along `dim`, in order, and their indices as int64)."""
+        if self.ndim == 0:
+            if k > 1:
+                raise ValueError(f"topk k={k} is larger than the 1 element of a 0-d tensor")
+            return self, type(self)(0, device=self.device, dtype=dtypes.int64)
+        d = _axis(dim, self.ndim)
+        if not 0 <= k <= self.shape[d]:
+            raise ValueError(f"topk k={k} is out of range for dimension {d} of size {self.shape[d]}")
+        x = self.movedim(d, -1)
+        values, indices = x._by_rank(k, largest)
+        return values.movedim(-1, d), indices.movedim(-1, d)
+
+    # *** einsum ***
+
+    @staticmethod
+    def einsum(formula: str, *operands: Any, dtype: DType | str | None = None) -> Tensor:
+        """Einstein summation, as torch.einsum: "ij,jk->ik", implicit outputs ("ij,jk"), "..." broadcasting and
+        repeated labels within an operand (diagonals). Operands are multiplied out and summed in one reduction."""
+        one_list = len(operands) == 1 and isinstance(operands[0], (list, tuple))
+        ops: list[Tensor] = list(operands[0]) if one_list else list(operands)
+        eq = formula.replace(" ", "")
+        lhs, arrow, rhs = eq.partition("->")
+        inputs = lhs.split(",")
+        if len(inputs) != len(ops):
+            raise ValueError(f"einsum formula {formula!r} has {len(inputs)} operands, got {len(ops)} tensors")
+        n_ell = 0
+        for term, t in zip(inputs, ops):
+            if "..." in term:
+                n_ell = max(n_ell, t.ndim - len(term.replace("...", "")))
+        ell = [chr(0x3B1 + i) for i in range(n_ell)]  # labels for the "..." dims, distinct from any ASCII letter
+        labels: list[list[str]] = []
+        for term, t in zip(inputs, ops):
+            if "..." in term:
+                head, _, tail = term.partition("...")
+                k = t.ndim - len(head) - len(tail)
+                labs = [*head, *ell[n_ell - k :], *tail]
+            else:
+                labs = list(term)
+            if len(labs) != t.ndim or not all(c.isalpha() for c in labs):
+                raise ValueError(f"einsum term {term!r} doesn't describe a tensor of shape {t.shape}")
+            labels.append(labs)
+        if arrow:
+            out = [*rhs.replace("...", "\0")]
+            out = [c for o in out for c in (ell if o == "\0" else [o])]
+        else:
+            counts: dict[str, int] = {}
+            for labs in labels:
+                for c in labs:
+                    if c not in ell:
+                        counts[c] = counts.get(c, 0) + 1
+            out = ell + sorted(c for c, k in counts.items() if k == 1)
+        # repeated labels within one operand take its diagonal
+        for i, (labs, t) in enumerate(zip(labels, ops)):
+            while len(set(labs)) != len(labs):
+                c = next(c for c in labs if labs.count(c) > 1)
+                a = labs.index(c)
+                b = labs.index(c, a + 1)
+                t = t.diagonal(0, a, b)
+                labs = [x for j, x in enumerate(labs) if j not in (a, b)] + [c]
+            labels[i], ops[i] = labs, t
+        sizes: dict[str, int] = {}
+        for labs, t in zip(labels, ops):
+            for c, s in zip(labs, t.shape):
+                if sizes.get(c, 1) not in (1, s) and s != 1:
+                    raise ValueError(f"einsum label {c!r} has sizes {sizes[c]} and {s}")
+                sizes[c] = max(sizes.get(c, 1), s)
+        if any(c not in sizes for c in out) or len(set(out)) != len(out):
+            raise ValueError(f"einsum output {rhs!r} names a label no input has, or one twice")
+        order = out + [c for c in sizes if c not in out]
+        aligned = []
+        for labs, t in zip(labels, ops):
+            t = t.permute([labs.index(c) for c in order if c in labs])
+            aligned.append(t.reshape([sizes[c] if c in labs else 1 for c in order]))
+        prod = functools.reduce(lambda a, b: a * b, aligned)
+        prod = prod._broadcast_to(tuple(sizes[c] for c in order))
+        summed = tuple(range(len(out), len(order)))
+        if dtype is None and not dtypes.is_float(prod.dtype):
+            dtype = prod.dtype  # integer einsums keep their type, as in torch
+        res = prod.sum(summed, dtype=dtype) if summed else prod
+        return res.cast(to_dtype(dtype)) if dtype is not None else res

@@ -1,0 +1,258 @@
+"""TinyJit: capture on the second call, replay after; input checks; a training step that matches the un-jitted run
+bit for bit; the CPU graph that replays captured kernels as one native call. References are numpy and an
+un-jitted run of the same code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lazygrad import Context, JitError, Tensor, TinyJit, dtypes, nn
+from lazygrad.engine import get_runner
+from lazygrad.jit import _GraphStep
+from lazygrad.nn.optim import SGD, Adam
+from lazygrad.nn.state import get_parameters
+from lazygrad_cpu.graph import CPUGraph
+from lazygrad_uop.device import GraphError
+from lazygrad_uop.registry import Device
+
+RNG = np.random.default_rng(7)
+
+
+def _f32(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_replays_with_new_inputs_without_running_the_function() -> None:
+    calls = []
+
+    @TinyJit
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        calls.append(1)
+        return ((a + b).relu().contiguous() * 2).sum(axis=1)
+
+    for _ in range(5):
+        a, b = _f32(4, 8), _f32(4, 8)
+        out = f(Tensor(a), Tensor(b)).numpy()
+        np.testing.assert_allclose(out, (np.maximum(a + b, 0) * 2).sum(1), rtol=1e-5)
+    assert len(calls) == 2  # the plain run and the capture; the other three replayed
+    assert len(f.jit_cache) >= 2
+
+
+def test_replay_returns_the_captured_tensors_with_new_values() -> None:
+    f = TinyJit(lambda x: (x * 3).contiguous())
+    outs = [f(Tensor(np.full(5, i, np.float32))) for i in range(4)]
+    assert outs[2] is outs[3]
+    np.testing.assert_array_equal(outs[3].numpy(), np.full(5, 9, np.float32))
+
+
+def test_lazy_and_keyword_inputs() -> None:
+    @TinyJit
+    def f(x: Tensor, *, scale: Tensor) -> Tensor:
+        return (x * scale).contiguous()
+
+    for i in range(4):
+        x, s = _f32(6), float(i + 1)
+        out = f(Tensor(x) + 1, scale=Tensor([s]).expand(6))  # lazy inputs are realized before the call
+        np.testing.assert_allclose(out.numpy(), (x + 1) * np.float32(s), rtol=1e-6)
+
+
+def test_as_a_method_decorator() -> None:
+    class Model:
+        def __init__(self) -> None:
+            self.w = Tensor(_f32(3, 3)).realize()
+
+        @TinyJit
+        def __call__(self, x: Tensor) -> Tensor:
+            return (x @ self.w).realize()
+
+    m = Model()
+    for _ in range(4):
+        x = _f32(2, 3)
+        np.testing.assert_allclose(m(Tensor(x)).numpy(), x @ m.w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        (lambda: Tensor(_f32(4, 5)), "shape"),
+        (lambda: Tensor(_f32(4, 4).astype(np.float16)), "half"),
+        (lambda: Tensor(_f32(4, 4)).realize().T, "view"),
+    ],
+    ids=["shape", "dtype", "view"],
+)
+def test_inputs_must_keep_shape_dtype_and_view(second, message: str) -> None:
+    f = TinyJit(lambda x: (x + 1).contiguous())
+    for _ in range(3):
+        f(Tensor(_f32(4, 4)))
+    with pytest.raises(JitError, match=message):
+        f(second())
+
+
+def test_inputs_must_keep_their_device() -> None:
+    if Device.usable("PYTHON") is not None:
+        pytest.skip("the PYTHON device is not usable here")
+    f = TinyJit(lambda x: (x + 1).contiguous())
+    f(Tensor(_f32(3)))
+    f(Tensor(_f32(3)))
+    with pytest.raises(JitError, match="PYTHON"):
+        f(Tensor(_f32(3), device="PYTHON"))
+
+
+def test_number_of_inputs_and_shared_buffers_are_checked() -> None:
+    f = TinyJit(lambda *xs: sum(xs[1:], xs[0]).contiguous())
+    a = Tensor(_f32(3)).realize()
+    f(a, Tensor(_f32(3)))
+    with pytest.raises(JitError, match="share a buffer"):
+        f(a, a)
+    with pytest.raises(JitError, match="2 tensor inputs"):
+        f(a, Tensor(_f32(3)), Tensor(_f32(3)))
+
+
+def test_jit_off_runs_the_function_every_time() -> None:
+    calls = []
+
+    def f(x: Tensor) -> Tensor:
+        calls.append(1)
+        return (x + 1).realize()
+
+    jf = TinyJit(f)
+    with Context(JIT=0):
+        for _ in range(3):
+            jf(Tensor(_f32(2)))
+    assert len(calls) == 3 and jf.jit_cache == []
+
+
+def test_reset_captures_again() -> None:
+    f = TinyJit(lambda x: (x + 1).contiguous())
+    for _ in range(3):
+        f(Tensor(_f32(2)))
+    f.reset()
+    x = _f32(7)
+    for _ in range(3):
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), x + 1)
+
+
+class _MLP:
+    def __init__(self) -> None:
+        self.l1, self.l2 = nn.Linear(12, 32), nn.Linear(32, 5)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l2(self.l1(x).relu())
+
+
+def _train(jit: bool, optimizer: type, steps: int = 10) -> tuple[list[float], list[np.ndarray]]:
+    Tensor.manual_seed(3)
+    model = _MLP()
+    opt = optimizer(get_parameters(model), lr=0.05)
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+            return loss.realize()
+
+    run = TinyJit(step) if jit else step
+    rng = np.random.default_rng(11)
+    x_all = rng.standard_normal((48, 12)).astype(np.float32)
+    y_all = (x_all[:, :5].argmax(1)).astype(np.int32)  # a learnable labelling
+    losses = []
+    for i in range(steps):
+        batch = slice(16 * (i % 3), 16 * (i % 3 + 1))
+        losses.append(run(Tensor(x_all[batch]), Tensor(y_all[batch])).item())
+    if jit:
+        assert isinstance(run, TinyJit) and run.cnt == steps and len(run.jit_cache) > 0
+    return losses, [p.numpy().copy() for p in get_parameters(model)]
+
+
+@pytest.mark.parametrize("optimizer", [Adam, SGD], ids=["Adam", "SGD"])
+def test_training_step_matches_unjitted_bit_for_bit(optimizer: type) -> None:
+    losses, params = _train(False, optimizer)
+    jit_losses, jit_params = _train(True, optimizer)
+    assert jit_losses == losses
+    assert sum(losses[-3:]) < sum(losses[:3])  # it does train
+    for p, q in zip(params, jit_params, strict=True):
+        np.testing.assert_array_equal(p, q)
+
+
+def test_hand_written_linear_regression_with_assign() -> None:
+    """Gradient descent written out by hand (no autograd): the update is an in-place assign inside the jit."""
+    x_np, w_true = _f32(64, 3), np.array([[1.5], [-2.0], [0.5]], np.float32)
+    w = Tensor.zeros(3, 1).contiguous().realize()
+
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        err = x @ w - y
+        w.assign(w - 0.1 * (x.T @ err) / x.shape[0])
+        return (err * err).mean().realize(w)
+
+    w_ref = np.zeros((3, 1), np.float32)
+    for _ in range(10):
+        y = x_np @ w_true
+        step(Tensor(x_np), Tensor(y))
+        w_ref = w_ref - np.float32(0.1) * (x_np.T @ (x_np @ w_ref - y)) / np.float32(64)
+    np.testing.assert_allclose(w.numpy(), w_ref, rtol=1e-5)
+
+
+def test_cpu_kernels_replay_as_one_graph() -> None:
+    @TinyJit
+    def chain(x: Tensor) -> Tensor:
+        for _ in range(20):
+            x = (x * 1.5 - 1).contiguous()
+        return x
+
+    x = _f32(33)
+    for _ in range(4):
+        out = chain(Tensor(x)).numpy()
+    ref = x.copy()
+    for _ in range(20):
+        ref = ref * np.float32(1.5) - np.float32(1)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    steps = chain.captured.steps
+    assert len(steps) == 1 and isinstance(steps[0], _GraphStep) and isinstance(steps[0].graph, CPUGraph)
+
+
+def test_cpu_graph_update_swaps_buffers_and_values() -> None:
+    """CPUGraph directly: two launches of one kernel, then the second given other buffers."""
+    a, b, c = (Tensor(v).realize() for v in (_f32(8), _f32(8), np.zeros(8, np.float32)))
+    items = (a + b).schedule()
+    runner = get_runner("CPU", items[0].ast)
+    out = items[0].bufs[0].allocate()
+    ins = [t._buffer_view()[0] for t in (a, b, c)]
+    slots = [out, *items[0].bufs[1:]]
+    graph = CPUGraph(Device["CPU"], [runner.launch(slots), runner.launch([out, ins[0], ins[0]])])
+    graph()
+    np.testing.assert_allclose(np.frombuffer(out.copyout(memoryview(bytearray(32))), np.float32), a.numpy() * 2)
+    graph.update({1: runner.launch([out, ins[1], ins[2]])})
+    assert graph(wait=True) is not None
+    np.testing.assert_allclose(np.frombuffer(out.copyout(memoryview(bytearray(32))), np.float32), b.numpy())
+
+
+def test_integer_and_multi_output_functions() -> None:
+    @TinyJit
+    def f(x: Tensor) -> tuple[Tensor, Tensor]:
+        return (x * 2).realize(), (x.sum() + 1).realize()
+
+    for i in range(4):
+        x = np.arange(6, dtype=np.int32) + i
+        y, s = f(Tensor(x))
+        assert y.dtype == dtypes.int32
+        np.testing.assert_array_equal(y.numpy(), x * 2)
+        assert s.item() == x.sum() + 1
+
+
+def test_graph_update_must_keep_the_program() -> None:
+    a = Tensor(_f32(4)).realize()
+    items = (a + 1).schedule() + (a * a.sum()).schedule()
+    runners = [get_runner("CPU", si.ast) for si in items]
+    for si in items:
+        for b in si.bufs:
+            if not b.is_allocated:
+                b.allocate()
+    launches = [r.launch(si.bufs) for r, si in zip(runners, items, strict=True)]
+    graph = CPUGraph(Device["CPU"], launches)
+    other = next(k for k, r in enumerate(runners) if r.program is not runners[0].program)
+    with pytest.raises(GraphError, match="keep its program"):
+        graph.update({0: launches[other]})

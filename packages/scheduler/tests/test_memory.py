@@ -1,0 +1,130 @@
+"""Memory planning on its own: `plan_memory` over buffer lifetimes (checked against the lifetimes computed here by
+brute force), views that alias their block on the CPU device, devices without sub-buffers, and
+`intermediate_buffers` on kernelized graphs and the live graphs that read them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lazygrad_scheduler.memory as memory
+from lazygrad_scheduler import buffer_of, kernelize, new_buffer
+from lazygrad_scheduler.memory import intermediate_buffers, plan_memory, planned_bytes
+from lazygrad_uop.device import Buffer
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker
+
+F32 = dtypes.float32
+
+
+@pytest.fixture(autouse=True)
+def _views_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan as for a device with sub-buffers without opening one (this package runs no kernels); the test of devices
+    without them patches this again."""
+    monkeypatch.setattr(memory, "_supports_views", lambda device: True)
+
+
+def _bufs(*sizes: int, dtype=F32) -> list[Buffer]:
+    return [Buffer("CPU", n, dtype) for n in sizes]
+
+
+def _base(b: Buffer) -> Buffer:
+    return b.base if b.base is not None else b
+
+
+def test_a_chain_takes_two_blocks() -> None:
+    inp, out, *mids = _bufs(100, 100, 100, 100, 100, 100, 100)
+    uses = [(mids[0], inp)] + [(mids[i + 1], mids[i]) for i in range(4)] + [(out, mids[4])]
+    plan = plan_memory(uses, set(mids))
+    assert set(plan) == set(mids) and inp not in plan and out not in plan
+    assert _base(plan[mids[0]]) is _base(plan[mids[2]]) is _base(plan[mids[4]])
+    assert _base(plan[mids[1]]) is _base(plan[mids[3]])
+    assert _base(plan[mids[0]]) is not _base(plan[mids[1]])
+    assert planned_bytes(plan) == 2 * 400
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_overlapping_lifetimes_never_share(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    bufs = _bufs(*(int(n) for n in rng.integers(1, 300, 30)))
+    steps = 40
+    uses: list[list[Buffer]] = [[] for _ in range(steps)]
+    life: dict[Buffer, tuple[int, int]] = {}
+    for b in bufs:
+        lo, hi = sorted(int(x) for x in rng.integers(0, steps, 2))
+        for i in {lo, hi, *rng.integers(lo, hi + 1, 2).tolist()}:
+            uses[i].append(b)
+        life[b] = (lo, hi)
+    candidates = set(bufs[::3]) | set(bufs[1::3])
+    plan = plan_memory(uses, candidates)
+    assert set(plan) == candidates
+    for b, v in plan.items():
+        assert (v.size, v.dtype) == (b.size, b.dtype) and v.offset == 0 and v.nbytes <= _base(v).nbytes
+    planned = list(plan)
+    for i, a in enumerate(planned):
+        for b in planned[i + 1 :]:
+            (a0, a1), (b0, b1) = life[a], life[b]
+            if a0 <= b1 and b0 <= a1:
+                assert _base(plan[a]) is not _base(plan[b]), "buffers alive at the same time share memory"
+    assert planned_bytes(plan) <= sum(b.nbytes for b in candidates)
+
+
+def test_a_block_grows_for_a_larger_user() -> None:
+    small, big, other = _bufs(10, 1000, 10)
+    plan = plan_memory([(small, other), (big, other)], {small, big})
+    assert _base(plan[small]) is _base(plan[big]) and _base(plan[big]).nbytes == 4000
+
+
+def test_planned_views_alias_their_block_on_the_cpu() -> None:
+    pytest.importorskip("lazygrad_cpu", reason="needs the CPU device to allocate memory")
+    a, b = _bufs(8, 8)
+    plan = plan_memory([(a,), (b,)], {a, b})
+    va, vb = plan[a].allocate(), plan[b].allocate()
+    va.copyin(memoryview(np.arange(8, dtype=np.float32)))
+    out = np.empty(8, np.float32)
+    vb.copyout(memoryview(out))
+    np.testing.assert_array_equal(out, np.arange(8))
+
+
+def test_devices_without_sub_buffers_reuse_buffers_of_the_same_size_and_dtype(monkeypatch) -> None:
+    monkeypatch.setattr(memory, "_supports_views", lambda device: False)
+    a, b, c = _bufs(16, 16, 8)
+    d = Buffer("CPU", 16, dtypes.int32)
+    plan = plan_memory([(a,), (b,), (c,), (d,)], {a, b, c, d})
+    assert plan == {b: a}
+
+
+def test_views_and_non_candidates_are_left_alone() -> None:
+    base, keep = _bufs(64, 16)
+    view = Buffer("CPU", 8, F32, base=base)
+    assert plan_memory([(view, keep), (keep,)], {view}) == {}
+
+
+# *** which buffers are intermediates ***
+
+
+def _input(n: int) -> UOp:
+    return UOp(Ops.VIEW, F32, (new_buffer("CPU", n, F32),), ShapeTracker.from_shape((n,)))
+
+
+def _step(x: UOp) -> UOp:
+    """x + x, stored (CONTIGUOUS): a kernel of its own."""
+    return UOp(Ops.CONTIGUOUS, F32, (UOp(Ops.ADD, F32, (x, x)),))
+
+
+def test_intermediates_are_the_new_buffers_nothing_live_reads() -> None:
+    x = _input(4)
+    a = _step(x)
+    b = _step(a)
+    c = _step(b)
+    becomes = kernelize([c])
+    out = c.substitute(becomes)
+    new = {buffer_of(v.src[0].src[0]) for v in becomes.values()}
+    assert len(new) == 3
+    found = intermediate_buffers(becomes, [out])
+    assert found == {buffer_of(becomes[a].src[0].src[0]), buffer_of(becomes[b].src[0].src[0])}
+    # a live graph that reads `a` after the schedule (through no kernel) keeps it
+    later = UOp(Ops.MUL, F32, (a, a)).substitute(becomes)
+    assert intermediate_buffers(becomes, [out, later]) == {buffer_of(becomes[b].src[0].src[0])}
