@@ -423,3 +423,13 @@ def test_bad_input_errors(device: str) -> None:
 def test_batched_matmul_broadcasts_like_numpy(device: str, sa: tuple, sb: tuple) -> None:
     a, b = rand_np(sa, dtypes.float32, 1), rand_np(sb, dtypes.float32, 2)
     check(Tensor(a, device=device) @ Tensor(b, device=device), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_comparisons_with_nan(device: str) -> None:
+    a = np.array([1.0, np.nan, 2.0, np.nan, 3.0], np.float32)
+    b = np.array([1.0, 1.0, np.nan, np.nan, 2.0], np.float32)
+    ta, tb = Tensor(a, device=device), Tensor(b, device=device)
+    for got, ref in [(ta <= tb, a <= b), (ta >= tb, a >= b), (ta < tb, a < b), (ta > tb, a > b)]:
+        check(got, ref)
+    check(ta == tb, a == b)
+    check(ta != tb, a != b)

@@ -9,6 +9,7 @@ import pytest
 from pyinterp_helpers import compile_program, const, elementwise, end, glob, index, load, program, rng, run, store
 
 from lazygrad_python import Interpreter, InterpreterError, parse_program, render_program
+from lazygrad_python.tensor_cores import TensorCoreLayoutError
 from lazygrad_uop import Ops, UOp, dtypes
 
 RNG = np.random.default_rng(0)
@@ -218,10 +219,11 @@ def test_out_of_bounds_access_names_the_instruction() -> None:
         run(program(r2, store(out, r2, load(out, r2 - 1)), end(r2)), np.zeros(4, np.float32))
 
 
-def test_wmma_and_unknown_specials_are_not_implemented() -> None:
+def test_malformed_wmma_and_unknown_specials() -> None:
+    # WMMA itself is emulated from its layout (test_tensor_cores.py); an arg without one is refused up front
     a = const(dtypes.half.vec(2), (1.0, 2.0))
     wmma = UOp(Ops.WMMA, dtypes.float.vec(2), (a, a, const(dtypes.float.vec(2), (0.0, 0.0))), arg=("WMMA_x", (1, 1, 1)))
-    with pytest.raises(NotImplementedError, match="issue 5"):
+    with pytest.raises(TensorCoreLayoutError, match="a WMMA arg is"):
         compile_program(program(wmma))
     with pytest.raises(NotImplementedError, match="gidx0-2 and lidx0-2"):
         compile_program(program(store(glob(0, dtypes.int32, 1), UOp.special(1, "idx0"), i32(0))))

@@ -3,8 +3,14 @@
 
 A dialect differs from C in a few places, each a class attribute or a method to override: the kernel's prefix
 (`__kernel`, `extern "C" __global__`), buffer parameter qualifiers, how a hardware index is read
-(`code_for_workitem`), type names (`type_map`), the expression of each op (`code_for_op`, e.g. math function names),
-constants, casts and bitcasts, and how the whole function is assembled (`render_kernel`).
+(`code_for_workitem`), type names (`type_map`, `render_vector_type`), the expression of each op (`code_for_op`,
+e.g. math function names), constants, casts and bitcasts, vectors (`render_vectorize`, `render_gep`), local memory
+(`smem_prefix`) and barriers (`barrier`), tensor cores (`render_wmma`), and how the whole function is assembled
+(`render_kernel`).
+
+Vector loads and stores read and write consecutive elements through a pointer cast to the vector type
+(`*((float4*)(data0+i))`); codegen only emits them where the renderer allows (`supports_float4`: aligned 2 and 4
+element vectors; `vector_width`: any width up to it).
 """
 
 from __future__ import annotations
@@ -56,6 +62,15 @@ class CStyleLanguage(Renderer):
     nan: ClassVar[str] = "NAN"
     # "g" and "l": the expression of global (work-group) and local index dimension d
     code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {}
+    # written before the declaration of a local (workgroup-shared) buffer, e.g. "__shared__ ", and before the pointer
+    # type when a local buffer is cast to a vector pointer (OpenCL "__local ", Metal "threadgroup ", CUDA "")
+    smem_prefix: ClassVar[str] = ""
+    local_pointer_prefix: ClassVar[str] = ""
+    # the statement that waits for every thread of a workgroup, e.g. "__syncthreads();" ("" where there is none)
+    barrier: ClassVar[str] = ""
+    # C-like renderers inline an expression used once into its user, unless it is longer than this (some ops repeat
+    # an operand, so nesting them would grow the text exponentially)
+    max_inline_length: ClassVar[int] = 200
     type_map: ClassVar[dict[DType, str]] = {
         dtypes.bool: "bool",
         dtypes.int8: "signed char",
@@ -104,14 +119,34 @@ class CStyleLanguage(Renderer):
     # *** pieces a dialect overrides ***
 
     def render_dtype(self, dtype: DType) -> str:
-        """The type name of `dtype` (a pointer type for buffers)."""
+        """The type name of `dtype` (a pointer type for buffers, `render_vector_type` for vectors)."""
         if isinstance(dtype, PtrDType):
             return f"{self.render_dtype(dtype.base)}*"
-        if dtype.count > 1:
-            raise NotImplementedError(f"{type(self).__name__} can't render vector type {dtype} yet")
         if dtype.scalar() not in self.type_map:
             raise NotImplementedError(f"{type(self).__name__} has no type for {dtype}")
+        if dtype.count > 1:
+            return self.render_vector_type(dtype)
         return self.type_map[dtype.scalar()]
+
+    def render_vector_type(self, dtype: DType) -> str:
+        """The type name of vector `dtype`: the scalar's name and the lane count (`float4`), as CUDA, OpenCL and
+        Metal name theirs. Plain C has none."""
+        if self.supports_float4 or self.vector_width > 1:
+            return f"{self.type_map[dtype.scalar()].replace(' ', '')}{dtype.count}"
+        raise NotImplementedError(f"{type(self).__name__} can't render vector type {dtype}")
+
+    def render_vectorize(self, dtype: DType, parts: list[str]) -> str:
+        """A vector of `dtype` built from the scalar expressions `parts`."""
+        return f"{self.render_dtype(dtype)}({','.join(parts)})"
+
+    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
+        """Lane `lane` of the vector expression `x` of `dtype`."""
+        return f"{x}.{'xyzw'[lane]}" if dtype.count <= 4 else f"{x}[{lane}]"
+
+    def render_wmma(self, wmma: UOp, a: str, b: str, c: str) -> str:
+        """The expression of a tensor-core instruction (`WMMA`, see `lazygrad_codegen.tensor_cores`) on the operand
+        vectors `a`, `b` and `c`; dialects with tensor cores implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores (can't render {wmma.arg[0]})")
 
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
         """A literal of `dtype`."""
@@ -143,6 +178,13 @@ class CStyleLanguage(Renderer):
     def render_bitcast(self, x: str, src: DType, dest: DType) -> str:
         """The bits of `x` reinterpreted as `dest` (a union is the C99 way to pun types)."""
         return f"((union {{ {self.render_dtype(src)} a; {self.render_dtype(dest)} b; }}){{.a = {x}}}).b"
+
+    def render_memory(self, ptr: str, dtype: DType, index: UOp) -> str:
+        """The lvalue of the element (or vector of consecutive elements) of `dtype` at pointer expression `ptr`."""
+        if dtype.count == 1:
+            return f"(*{ptr})"
+        space = self.local_pointer_prefix if index.src[0].op is Ops.DEFINE_LOCAL else self.buffer_prefix
+        return f"(*(({space}{self.render_dtype(dtype)}*)({ptr})))"
 
     def render_workitem(self, kind: str, dim: int) -> str:
         """The expression of hardware index `kind` ("g" global, "l" local) in dimension `dim`."""
@@ -193,9 +235,11 @@ class CStyleLanguage(Renderer):
                 if s in users:
                     users[s].append(u)
 
-        def inline(u: UOp) -> bool:
+        def inline(u: UOp, expr: str) -> bool:
             us = users[u]
             if len(us) != 1 or depth_at[us[0]] != depth_at[u] or us[0].op is Ops.RANGE:
+                return False
+            if len(expr) > self.max_inline_length:
                 return False
             # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
             return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
@@ -242,15 +286,33 @@ class CStyleLanguage(Renderer):
             elif op is Ops.ASSIGN:
                 r[u] = r[src[0]]
                 line(f"{r[u]} = {r[src[1]]};")
+            elif op is Ops.DEFINE_LOCAL:
+                r[u] = str(u.arg)
+                line(f"{self.smem_prefix}{self.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
+            elif op is Ops.BARRIER:
+                if not self.barrier:
+                    raise NotImplementedError(f"{type(self).__name__} has no workgroup barrier")
+                line(self.barrier)
             elif op is Ops.INDEX:
                 r[u] = f"({r[src[0]]}+{r[src[1]]})"
             elif op is Ops.LOAD:
-                value = f"(*{r[src[0]]})" if len(src) == 1 else f"({r[src[2]]}?*{r[src[0]]}:{r[src[1]]})"
+                mem = self.render_memory(r[src[0]], u.dtype, src[0])
+                # (INDEX), (INDEX, alternative, gate), or (INDEX, BARRIER) for local memory read after a barrier
+                value = f"({r[src[2]]}?{mem}:{r[src[1]]})" if len(src) == 3 else mem
                 r[u] = fresh("val")
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {value};")
             elif op is Ops.STORE:
-                store = f"*{r[src[0]]} = {r[src[1]]};"
+                store = f"{self.render_memory(r[src[0]], src[1].dtype, src[0])} = {r[src[1]]};"
                 line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
+            elif op is Ops.VECTORIZE:
+                r[u] = fresh("vec")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {self.render_vectorize(u.dtype, [r[s] for s in src])};")
+            elif op is Ops.GEP:
+                lanes = [self.render_gep(r[src[0]], lane, src[0].dtype) for lane in u.arg]
+                r[u] = lanes[0] if len(lanes) == 1 else self.render_vectorize(u.dtype, lanes)
+            elif op is Ops.WMMA:
+                r[u] = fresh("wmma")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {self.render_wmma(u, *(r[s] for s in src))};")
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 if op is Ops.CAST:
                     expr = self.render_cast(r[src[0]], src[0].dtype, u.dtype)
@@ -258,7 +320,7 @@ class CStyleLanguage(Renderer):
                     expr = self.render_bitcast(r[src[0]], src[0].dtype, u.dtype)
                 else:
                     expr = self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src])
-                if inline(u):
+                if inline(u, expr):
                     r[u] = expr
                 else:
                     r[u] = fresh("cast" if op in (Ops.CAST, Ops.BITCAST) else "alu")

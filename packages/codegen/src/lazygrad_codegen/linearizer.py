@@ -1,51 +1,95 @@
-"""Linearization: a lowered kernel graph (a SINK of STOREs over RANGEs, accumulators and loads) becomes the list of
-UOps a renderer walks, with `RANGE ... END` pairs around the ops that run inside each loop.
+"""Linearization: a lowered kernel graph becomes the list of UOps a renderer walks, with `RANGE ... END` pairs around
+the ops that run inside each loop.
 
 Placement rule: every op goes in the innermost loop among the loops it depends on, so loop-invariant work is
-hoisted out of the loops that don't change it. The loops of one kernel form a single nest: the output loops in axis
-order, then the reduce loops in axis order. Two ops bend the rule:
+hoisted out of the loops that don't change it. The loops form a tree:
 
-- `DEFINE_ACC` sits inside every output loop (the accumulator restarts for each output element) and before the
-  reduce loops it accumulates over, while an op that reads it runs inside those reduce loops;
-- `ASSIGN` sits inside its accumulator's reduce loops even if the value it folds in doesn't depend on them, and an
-  op that reads it depends on the enclosing loops only, so it runs after those reduce loops END.
+- the output loops (RANGEs no accumulator reduces over) nest in axis order and enclose everything;
+- inside the innermost of them sit the reduce loops, one nest per distinct set of loops that accumulators reduce
+  over (a grouped reduction has two: the per-thread loops and the loop over the group's partial results), one after
+  another as their dependencies require.
+
+Two ops bend the rule: a `DEFINE_ACC` sits inside every output loop (the accumulator restarts for each output
+element) and before the reduce loops it accumulates over, while an op that reads it runs inside those loops; an
+`ASSIGN` sits inside its accumulator's reduce loops, and an op that reads it runs after those loops END.
+
+Inside each loop, ops and inner loops are ordered by their dependencies, an op as early as it can go. The list
+starts with the kernel's parameters (DEFINE_GLOBALs by slot, DEFINE_VARs by name), then its hardware indices
+(SPECIALs, by name) and local buffers (DEFINE_LOCALs), and ends with the SINK.
 """
 
 from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
 
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 
 class LinearizeError(RuntimeError):
-    """The lowered graph can't be ordered into one loop nest (a codegen bug, or a graph built by hand wrongly)."""
+    """The lowered graph can't be ordered into loops (a codegen bug, or a graph built by hand wrongly)."""
 
 
-def _loops(sink: UOp) -> tuple[list[UOp], list[UOp]]:
-    """The kernel's output loops and reduce loops (those an accumulator runs over), each sorted by axis."""
-    ranges = [u for u in sink.toposort if u.op is Ops.RANGE]
-    reduce = {r for u in sink.toposort if u.op is Ops.DEFINE_ACC for r in u.src[1:]}
-    return sorted((r for r in ranges if r not in reduce), key=lambda r: r.arg), sorted(reduce, key=lambda r: r.arg)
+_HOISTED = (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.SPECIAL, Ops.DEFINE_LOCAL)
+
+
+@dataclass
+class _Block:
+    """A loop (or the kernel's top level, `loop` None), the ops placed directly in it and the loops inside it."""
+
+    loop: UOp | None
+    depth: int
+    parent: _Block | None
+    ops: list[UOp] = field(default_factory=list)
+    children: list[_Block] = field(default_factory=list)
+
+
+def _sources(u: UOp) -> tuple[UOp, ...]:
+    # a DEFINE_ACC names the loops it reduces over; it does not run inside them
+    return u.src[:1] if u.op is Ops.DEFINE_ACC else u.src
 
 
 def linearize(sink: UOp) -> list[UOp]:
-    """Order the graph under `sink` for rendering. The list starts with the DEFINE_GLOBALs (by slot) and the
-    DEFINE_VARs (by name), holds `END` ops closing the loops innermost first, and ends with `sink` itself."""
-    output_loops, reduce_loops = _loops(sink)
-    nest = output_loops + reduce_loops
-    depth_of = {r: d for d, r in enumerate(nest)}
+    """Order the graph under `sink` for rendering (see the module docstring)."""
+    topo = list(sink.toposort)
+    position = {u: i for i, u in enumerate(topo)}
+    accs = [u for u in topo if u.op is Ops.DEFINE_ACC]
+    reduce_nests: list[tuple[UOp, ...]] = []
+    for acc in accs:
+        nest = tuple(sorted(acc.src[1:], key=lambda r: r.arg))
+        if nest and nest not in reduce_nests:
+            reduce_nests.append(nest)
+    reduced = {r for nest in reduce_nests for r in nest}
+    if len(reduced) != sum(len(n) for n in reduce_nests):
+        raise LinearizeError("two accumulators reduce over overlapping but different sets of loops")
+    output_loops = sorted((u for u in topo if u.op is Ops.RANGE and u not in reduced), key=lambda r: r.arg)
 
-    # scope: the loops an op must sit inside; provides: the loops an op's users inherit from it
+    # the tree of loops
+    root = _Block(None, 0, None)
+    block_of: dict[UOp, _Block] = {}
+    inner = root
+    for r in output_loops:
+        b = _Block(r, inner.depth + 1, inner)
+        inner.children.append(b)
+        block_of[r] = inner = b
+    for nest in reduce_nests:
+        parent = inner
+        for r in nest:
+            b = _Block(r, parent.depth + 1, parent)
+            parent.children.append(b)
+            block_of[r] = parent = b
+
+    # scope: the loops an op must sit inside; provides: the loops its users inherit from it
     scope: dict[UOp, frozenset[UOp]] = {}
     provides: dict[UOp, frozenset[UOp]] = {}
-    for u in sink.toposort:
-        # a DEFINE_ACC names the loops it reduces over; it does not run inside them
-        srcs = u.src[:1] if u.op is Ops.DEFINE_ACC else u.src
-        inherited: frozenset[UOp] = frozenset().union(*(provides[s] for s in srcs))
+    all_outputs = frozenset(output_loops)
+    for u in topo:
+        inherited: frozenset[UOp] = frozenset().union(*(provides[s] for s in _sources(u)))
         if u.op is Ops.RANGE:
             scope[u] = provides[u] = inherited | {u}
         elif u.op is Ops.DEFINE_ACC:
-            scope[u] = inherited | set(output_loops)
+            scope[u] = inherited | all_outputs
             # reading the accumulator itself (not its ASSIGN) means reading it while it accumulates
             provides[u] = scope[u] | set(u.src[1:])
         elif u.op is Ops.ASSIGN:
@@ -54,58 +98,108 @@ def linearize(sink: UOp) -> list[UOp]:
         else:
             scope[u] = provides[u] = inherited
 
-    def level(u: UOp) -> int:
-        return max((depth_of[r] for r in scope[u]), default=-1)
+    def deepest(loops: frozenset[UOp], u: UOp) -> _Block:
+        best = root
+        for r in loops:
+            b = block_of[r]
+            if b.depth > best.depth:
+                best = b
+        # every loop of the scope must enclose the chosen one
+        for r in loops:
+            b, target = best, block_of[r]
+            while b is not None and b is not target:
+                b = b.parent
+            if b is None:
+                raise LinearizeError(f"{u.op} depends on loops that are not nested in one another")
+        return best
 
-    def provided_level(u: UOp) -> int:
-        return max((depth_of[r] for r in provides[u]), default=-1)
+    params = sorted((u for u in topo if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    params += sorted((u for u in topo if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
+    params += sorted((u for u in topo if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])
+    params += [u for u in topo if u.op is Ops.DEFINE_LOCAL]
+    placed_in: dict[UOp, _Block] = {}
+    for u in topo:
+        if u.op in _HOISTED or u.op in (Ops.RANGE, Ops.SINK):
+            continue
+        b = placed_in[u] = deepest(scope[u], u)
+        b.ops.append(u)
 
-    params = sorted((u for u in sink.toposort if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    params += sorted((u for u in sink.toposort if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
-    at_level: dict[int, list[UOp]] = {d: [] for d in range(-1, len(nest))}
-    for u in sink.toposort:
-        if u.op not in (Ops.RANGE, Ops.SINK, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR):
-            at_level[level(u)].append(u)
+    def path(b: _Block) -> list[_Block]:
+        out = []
+        node: _Block | None = b
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+    paths = {u: path(b) for u, b in placed_in.items()}
+    loop_paths = {b.loop: path(b) for b in block_of.values()}
 
     out: list[UOp] = list(params)
-    placed: set[UOp] = set(params)
 
-    def emit(depth: int) -> None:
-        ops = at_level[depth]
-        if depth + 1 == len(nest):
-            before, after = ops, []
-        else:
-            # an op that reads a value computed inside the next loop (an ASSIGN) must wait for that loop to end
-            waits: set[UOp] = set()
-            for u in ops:
-                if any(s in waits or (s not in placed and s.op is not Ops.RANGE and level(s) > depth) for s in u.src):
-                    waits.add(u)
-            before, after = [u for u in ops if u not in waits], [u for u in ops if u in waits]
-        for u in before:
-            out.append(u)
-            placed.add(u)
-        if depth + 1 < len(nest):
-            loop = nest[depth + 1]
-            out.append(loop)
-            placed.add(loop)
-            emit(depth + 1)
-            out.append(UOp(Ops.END, src=(loop,)))
-        for u in after:
-            out.append(u)
-            placed.add(u)
+    def emit(b: _Block) -> None:
+        # items of this block: its own ops and its child loops, ordered by the dependencies between them
+        def item(u: UOp) -> UOp | _Block | None:
+            p = paths.get(u) if u.op is not Ops.RANGE else loop_paths[u]
+            if p is None or len(p) <= b.depth or p[b.depth] is not b:
+                return None
+            if u.op is Ops.RANGE:
+                return p[b.depth + 1] if len(p) > b.depth + 1 else None
+            return p[b.depth + 1] if len(p) > b.depth + 1 else u
 
-    emit(-1)
-    _check_order(out, {u: provided_level(u) for u in out if u in provides})
+        members: list[UOp] = [u for u in placed_in if item(u) is not None]
+        keys: dict[int, UOp | _Block] = {}
+        prio: dict[int, tuple[int, int]] = {}
+        for op in b.ops:
+            keys[id(op)], prio[id(op)] = op, (0, position[op])
+        for child in b.children:
+            assert child.loop is not None
+            keys[id(child)], prio[id(child)] = child, (1, position[child.loop])
+        deps: dict[int, set[int]] = {k: set() for k in keys}
+        users: dict[int, set[int]] = {k: set() for k in keys}
+        for u in members:
+            iu = item(u)
+            for s in _sources(u):
+                if s.op in _HOISTED or s.op is Ops.RANGE or s not in placed_in:
+                    continue
+                isrc = item(s)
+                if isrc is None or isrc is iu:
+                    continue
+                deps[id(iu)].add(id(isrc))
+                users[id(isrc)].add(id(iu))
+        ready = [(prio[k], k) for k, d in deps.items() if not d]
+        heapq.heapify(ready)
+        done = 0
+        while ready:
+            _, k = heapq.heappop(ready)
+            done += 1
+            it = keys[k]
+            if isinstance(it, _Block):
+                assert it.loop is not None
+                out.append(it.loop)
+                emit(it)
+                out.append(UOp(Ops.END, src=(it.loop,)))
+            else:
+                out.append(it)
+            for user in users[k]:
+                deps[user].discard(k)
+                if not deps[user]:
+                    heapq.heappush(ready, (prio[user], user))
+        if done != len(keys):
+            raise LinearizeError("the ops and loops of one loop depend on each other in a cycle")
+
+    emit(root)
+    _check_order(out, provides)
     out.append(sink)
     return out
 
 
-def _check_order(uops: list[UOp], provided_level: dict[UOp, int]) -> None:
+def _check_order(uops: list[UOp], provides: dict[UOp, frozenset[UOp]]) -> None:
     """Every source is placed before its user, and is visible there (not inside a loop that has already ended)."""
     seen: set[UOp] = set()
     open_loops: list[UOp] = []
     for u in uops:
-        for s in u.src[:1] if u.op is Ops.DEFINE_ACC else u.src:
+        for s in _sources(u):
             if s not in seen:
                 raise LinearizeError(f"{u.op} is placed before its source {s.op}")
         if u.op is Ops.RANGE:
@@ -114,6 +208,8 @@ def _check_order(uops: list[UOp], provided_level: dict[UOp, int]) -> None:
             if not open_loops or open_loops[-1] is not u.src[0]:
                 raise LinearizeError("loops must END innermost first")
             open_loops.pop()
-        elif u.op is not Ops.DEFINE_ACC and any(provided_level[s] >= len(open_loops) for s in u.src):
-            raise LinearizeError(f"{u.op} reads a value from a loop that is not open around it")
+        elif u.op is not Ops.DEFINE_ACC:
+            for s in u.src:
+                if not provides.get(s, frozenset()) <= set(open_loops) | {u}:
+                    raise LinearizeError(f"{u.op} reads a value from a loop that is not open around it")
         seen.add(u)

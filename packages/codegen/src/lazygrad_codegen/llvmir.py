@@ -13,7 +13,10 @@ How the IR is shaped, and why:
   elements;
 - a gated load reads element 0 when its gate is false (its own index may be out of bounds) and selects the
   alternative value, which keeps the loop branch-free;
-- `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32.
+- `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32;
+- vectors are LLVM vectors (`<8 x float>`): a vector LOAD or STORE moves consecutive elements (aligned to one
+  element), `VECTORIZE` is a constant vector, a splat or a chain of `insertelement`, `GEP` an `extractelement` or a
+  `shufflevector`; the multiplies and adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
 """
 
 from __future__ import annotations
@@ -49,19 +52,32 @@ _MATH_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT
 
 
 def ltype(dtype: DType) -> str:
-    """The LLVM type of a value of `dtype` in a register."""
+    """The LLVM type of a value of `dtype` in a register (`<n x t>` for a vector)."""
     if isinstance(dtype, PtrDType):
         return "ptr"
-    if dtype.count > 1:
-        raise NotImplementedError(f"the LLVM renderer can't render vector type {dtype} yet")
     if dtype.scalar() not in _LTYPE:
         raise NotImplementedError(f"the LLVM renderer has no type for {dtype} yet (fp8 types are not supported)")
-    return _LTYPE[dtype.scalar()]
+    return _vector_type(_LTYPE[dtype.scalar()], dtype.count)
 
 
 def mtype(dtype: DType) -> str:
-    """The LLVM type of an element of `dtype` in memory (a bool is a byte there)."""
-    return "i8" if dtypes.is_bool(dtype) else ltype(dtype)
+    """The LLVM type of `dtype` in memory (a bool is a byte there)."""
+    return _vector_type("i8", dtype.count) if dtypes.is_bool(dtype) else ltype(dtype)
+
+
+def vec_of(dtype: DType, count: int) -> DType:
+    """`dtype` with `count` lanes (the scalar itself for one)."""
+    return dtype if count == 1 else dtype.vec(count)
+
+
+def _vector_type(scalar: str, count: int) -> str:
+    return scalar if count == 1 else f"<{count} x {scalar}>"
+
+
+def _intrinsic_suffix(t: str, count: int) -> str:
+    """The overload suffix of an intrinsic on scalar LLVM type `t` with `count` lanes: f32, v8f32, i32, v4i32."""
+    base = _INTRINSIC_SUFFIX.get(t, t)
+    return base if count == 1 else f"v{count}{base}"
 
 
 def lconst(value: float | int | bool, dtype: DType) -> str:
@@ -104,7 +120,7 @@ class LLVMFunction:
         self.params: list[str] = []
         self.n = 0
         self.index_math = _index_math(uops)
-        self.accumulate = {u.src[1] for u in uops if u.op is Ops.ASSIGN}
+        self.accumulate = _accumulation(uops)
         self.position = {u: i for i, u in enumerate(uops)}
 
     def tmp(self) -> str:
@@ -133,6 +149,10 @@ class LLVMFunction:
             return self.op(f"load {ltype(acc.dtype)}, ptr {self.val[acc]}")
         return self.val[u]
 
+    def splat(self, literal: str, scalar: str, count: int) -> str:
+        """The constant `literal` of scalar LLVM type `scalar`, in every one of `count` lanes."""
+        return literal if count == 1 else "<" + ", ".join([f"{scalar} {literal}"] * count) + ">"
+
     def call(self, ret: str, name: str, args: list[tuple[str, str]]) -> str:
         """Call function `name` (declared once at the end of the module) with (type, value) `args`."""
         self.declares.add(f"declare {ret} @{name}({', '.join(t for t, _ in args)})")
@@ -140,59 +160,70 @@ class LLVMFunction:
 
     # *** conversions ***
 
-    def bf16_to_f32(self, v: str) -> str:
-        """The float32 of bfloat16 bits `v` (exact: bfloat16 is float32's upper half)."""
-        wide = self.op(f"zext i16 {v} to i32")
-        return self.op(f"bitcast i32 {self.op(f'shl i32 {wide}, 16')} to float")
+    def bf16_to_f32(self, v: str, n: int = 1) -> str:
+        """The float32 of bfloat16 bits `v` (`n` lanes; exact: bfloat16 is float32's upper half)."""
+        i16, i32, f32 = (_vector_type(t, n) for t in ("i16", "i32", "float"))
+        wide = self.op(f"zext {i16} {v} to {i32}")
+        shifted = self.op(f"shl {i32} {wide}, {self.splat('16', 'i32', n)}")
+        return self.op(f"bitcast {i32} {shifted} to {f32}")
 
-    def f32_to_bf16(self, v: str) -> str:
-        """The bfloat16 bits of float32 `v`, rounded to nearest even; NaN stays a (quiet) NaN."""
-        bits = self.op(f"bitcast float {v} to i32")
-        odd = self.op(f"and i32 {self.op(f'lshr i32 {bits}, 16')}, 1")
-        rounded = self.op(f"add i32 {bits}, {self.op(f'add i32 {odd}, 32767')}")
-        quiet = self.op(f"or i32 {bits}, 4194304")
-        isnan = self.op(f"fcmp uno float {v}, 0.0")
-        picked = self.op(f"select i1 {isnan}, i32 {quiet}, i32 {rounded}")
-        return self.op(f"trunc i32 {self.op(f'lshr i32 {picked}, 16')} to i16")
+    def f32_to_bf16(self, v: str, n: int = 1) -> str:
+        """The bfloat16 bits of float32 `v` (`n` lanes), rounded to nearest even; NaN stays a (quiet) NaN."""
+        i16, i32, f32, i1 = (_vector_type(t, n) for t in ("i16", "i32", "float", "i1"))
+        c = lambda x: self.splat(str(x), "i32", n)  # noqa: E731
+        bits = self.op(f"bitcast {f32} {v} to {i32}")
+        odd = self.op(f"and {i32} {self.op(f'lshr {i32} {bits}, {c(16)}')}, {c(1)}")
+        rounded = self.op(f"add {i32} {bits}, {self.op(f'add {i32} {odd}, {c(32767)}')}")
+        quiet = self.op(f"or {i32} {bits}, {c(4194304)}")
+        isnan = self.op(f"fcmp uno {f32} {v}, zeroinitializer")
+        picked = self.op(f"select {i1} {isnan}, {i32} {quiet}, {i32} {rounded}")
+        return self.op(f"trunc {i32} {self.op(f'lshr {i32} {picked}, {c(16)}')} to {i16}")
 
-    def f64_to_f32_round_to_odd(self, v: str) -> str:
+    def f64_to_f32_round_to_odd(self, v: str, n: int = 1) -> str:
         """double -> float rounded toward zero with the last bit set when inexact, so that a second rounding (to
         half) gives the correctly rounded result."""
-        r = self.op(f"fptrunc double {v} to float")
-        back = self.op(f"fpext float {r} to double")
-        inexact = self.op(f"fcmp one double {back}, {v}")
-        bits = self.op(f"bitcast float {r} to i32")
+        f64, f32, i32, i1 = (_vector_type(t, n) for t in ("double", "float", "i32", "i1"))
+        one = self.splat("1", "i32", n)
+        fabs = f"llvm.fabs.{_intrinsic_suffix('double', n)}"
+        r = self.op(f"fptrunc {f64} {v} to {f32}")
+        back = self.op(f"fpext {f32} {r} to {f64}")
+        inexact = self.op(f"fcmp one {f64} {back}, {v}")
+        bits = self.op(f"bitcast {f32} {r} to {i32}")
         # rounded away from zero: step one ulp back toward zero (the magnitude is in the low 31 bits)
-        abs_back = self.call("double", "llvm.fabs.f64", [("double", back)])
-        away = self.op(f"fcmp ogt double {abs_back}, {self.call('double', 'llvm.fabs.f64', [('double', v)])}")
-        stepped = self.op(f"select i1 {away}, i32 {self.op(f'sub i32 {bits}, 1')}, i32 {bits}")
-        odd = self.op(f"select i1 {inexact}, i32 {self.op(f'or i32 {stepped}, 1')}, i32 {bits}")
-        return self.op(f"bitcast i32 {odd} to float")
+        abs_back = self.call(f64, fabs, [(f64, back)])
+        away = self.op(f"fcmp ogt {f64} {abs_back}, {self.call(f64, fabs, [(f64, v)])}")
+        stepped = self.op(f"select {i1} {away}, {i32} {self.op(f'sub {i32} {bits}, {one}')}, {i32} {bits}")
+        odd = self.op(f"select {i1} {inexact}, {i32} {self.op(f'or {i32} {stepped}, {one}')}, {i32} {bits}")
+        return self.op(f"bitcast {i32} {odd} to {f32}")
 
     def cast(self, v: str, src: DType, dest: DType) -> str:
-        """`v` converted from `src` to `dest` with C semantics (float to int truncates, to bool is != 0)."""
-        s, d = src.scalar(), dest.scalar()
+        """`v` converted from `src` to `dest` with C semantics (float to int truncates, to bool is != 0); vectors
+        convert lane by lane."""
+        s, d, n = src.scalar(), dest.scalar(), dest.count
         for dt in (s, d):
             if dt in (dtypes.fp8e4m3, dtypes.fp8e5m2):
                 raise NotImplementedError(f"the LLVM renderer can't convert {dt} yet")
         if s == d:
             return v
+        f32 = vec_of(dtypes.float32, n)
         if s == dtypes.bfloat16:
-            return self.cast(self.bf16_to_f32(v), dtypes.float32, d)
+            return self.cast(self.bf16_to_f32(v, n), f32, dest)
         if d == dtypes.bfloat16:
-            return self.f32_to_bf16(self.cast(v, s, dtypes.float32))
+            return self.f32_to_bf16(self.cast(v, src, f32), n)
         # LLVM lowers conversions between half and anything but float to compiler-rt calls that aren't loaded in
         # this process: go through float (exact for every int half can hold; doubles are rounded to odd first)
         if s == dtypes.float16 and d != dtypes.float32:
-            return self.cast(self.cast(v, s, dtypes.float32), dtypes.float32, d)
+            return self.cast(self.cast(v, src, f32), f32, dest)
         if d == dtypes.float16 and s != dtypes.float32:
-            mid = self.f64_to_f32_round_to_odd(v) if s == dtypes.float64 else self.cast(v, s, dtypes.float32)
-            return self.cast(mid, dtypes.float32, d)
-        st, dt = ltype(s), ltype(d)
+            mid = self.f64_to_f32_round_to_odd(v, n) if s == dtypes.float64 else self.cast(v, src, f32)
+            return self.cast(mid, f32, dest)
+        st, dt = ltype(src), ltype(dest)
         if dtypes.is_bool(d):
-            return self.op(f"fcmp une {st} {v}, 0.0" if dtypes.is_float(s) else f"icmp ne {st} {v}, 0")
+            return self.op(
+                f"fcmp une {st} {v}, zeroinitializer" if dtypes.is_float(s) else f"icmp ne {st} {v}, zeroinitializer"
+            )
         if dtypes.is_bool(s):
-            return self.op(f"uitofp i1 {v} to {dt}" if dtypes.is_float(d) else f"zext i1 {v} to {dt}")
+            return self.op(f"uitofp {st} {v} to {dt}" if dtypes.is_float(d) else f"zext {st} {v} to {dt}")
         if dtypes.is_float(s) and dtypes.is_float(d):
             return self.op(f"{'fpext' if d.itemsize > s.itemsize else 'fptrunc'} {st} {v} to {dt}")
         if dtypes.is_float(s):
@@ -208,22 +239,25 @@ class LLVMFunction:
     # *** ops ***
 
     def alu(self, u: UOp) -> str:
-        """The value of ALU op `u`."""
-        op, dtype = u.op, u.dtype.scalar()
+        """The value of ALU op `u` (on scalars or vectors)."""
+        op, dtype, n = u.op, u.dtype.scalar(), u.dtype.count
         operand_dtype = u.src[0].dtype.scalar() if op is not Ops.WHERE else dtype
         if operand_dtype == dtypes.bfloat16 and op is not Ops.WHERE:
             # bfloat16 math happens in float32, rounded back once per op as numpy-style libraries do
-            args = [self.bf16_to_f32(self.get(s)) for s in u.src]
+            args = [self.bf16_to_f32(self.get(s), n) for s in u.src]
             out = self.alu_on(op, dtypes.float32, dtypes.bool if op in GroupOp.Comparison else dtypes.float32, args, u)
-            return out if op in GroupOp.Comparison else self.f32_to_bf16(out)
+            return out if op in GroupOp.Comparison else self.f32_to_bf16(out, n)
         return self.alu_on(op, operand_dtype, dtype, [self.get(s) for s in u.src], u)
 
     def alu_on(self, op: Ops, dt: DType, out_dt: DType, a: list[str], u: UOp) -> str:
-        """ALU op `op` on operands `a` of type `dt` (the condition excepted for WHERE), giving `out_dt`."""
-        t = ltype(dt)
+        """ALU op `op` on operands `a` of scalar type `dt` (the condition excepted for WHERE) with as many lanes as
+        `u`, giving `out_dt`."""
+        n = u.dtype.count
+        s = ltype(dt)
+        t = _vector_type(s, n)
         is_float, is_bool, unsigned = dtypes.is_float(dt), dtypes.is_bool(dt), dtypes.is_unsigned(dt)
         if op is Ops.WHERE:
-            return self.op(f"select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
+            return self.op(f"select {_vector_type('i1', n)} {a[0]}, {t} {a[1]}, {t} {a[2]}")
         if op is Ops.CMPLT:
             cmp = "fcmp olt" if is_float else f"icmp {'ult' if unsigned or is_bool else 'slt'}"
             return self.op(f"{cmp} {t} {a[0]}, {a[1]}")
@@ -231,10 +265,11 @@ class LLVMFunction:
             return self.op(f"{'fcmp une' if is_float else 'icmp ne'} {t} {a[0]}, {a[1]}")
         if op in (Ops.ADD, Ops.MUL):
             if is_bool:
-                return self.op(f"{'or' if op is Ops.ADD else 'and'} i1 {a[0]}, {a[1]}")
+                return self.op(f"{'or' if op is Ops.ADD else 'and'} {t} {a[0]}, {a[1]}")
             if is_float:
-                # an accumulation may be reordered, so that the loop vectoriser can split it over vector lanes
-                flags = "reassoc " if u in self.accumulate else ""
+                # a reduction may be reordered (so the loop vectoriser can split it over lanes) and its multiplies
+                # fused into its adds
+                flags = "reassoc contract " if u in self.accumulate else ""
                 return self.op(f"{'fadd' if op is Ops.ADD else 'fmul'} {flags}{t} {a[0]}, {a[1]}")
             flags = " nsw" if u in self.index_math else ""
             return self.op(f"{'add' if op is Ops.ADD else 'mul'}{flags} {t} {a[0]}, {a[1]}")
@@ -245,9 +280,10 @@ class LLVMFunction:
             return self.op(f"{kind} {t} {a[0]}, {a[1]}")
         if op is Ops.MAX:
             if is_bool:
-                return self.op(f"or i1 {a[0]}, {a[1]}")
+                return self.op(f"or {t} {a[0]}, {a[1]}")
             # llvm.maximum propagates NaN, as numpy's maximum does (maxnum would drop it)
-            name = f"llvm.maximum.{_INTRINSIC_SUFFIX[t]}" if is_float else f"llvm.{'umax' if unsigned else 'smax'}.{t}"
+            suffix = _intrinsic_suffix(s, n)
+            name = f"llvm.maximum.{suffix}" if is_float else f"llvm.{'umax' if unsigned else 'smax'}.{suffix}"
             return self.call(t, name, [(t, a[0]), (t, a[1])])
         if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.SHL):
             if is_float:
@@ -257,17 +293,39 @@ class LLVMFunction:
             return self.op(f"{'lshr' if unsigned else 'ashr'} {t} {a[0]}, {a[1]}")
         if op is Ops.NEG:
             if is_bool:
-                return self.op(f"xor i1 {a[0]}, true")
-            return self.op(f"fneg {t} {a[0]}" if is_float else f"sub {t} 0, {a[0]}")
+                return self.op(f"xor {t} {a[0]}, {self.splat('true', 'i1', n)}")
+            return self.op(f"fneg {t} {a[0]}" if is_float else f"sub {t} zeroinitializer, {a[0]}")
         if op is Ops.RECIP:
-            return self.op(f"fdiv {t} {lconst(1.0, dt)}, {a[0]}")
+            return self.op(f"fdiv {t} {self.splat(lconst(1.0, dt), s, n)}, {a[0]}")
         if op in _MATH_INTRINSICS:
-            return self.call(t, f"llvm.{_MATH_INTRINSICS[op]}.{_INTRINSIC_SUFFIX[t]}", [(t, a[0])])
+            return self.call(t, f"llvm.{_MATH_INTRINSICS[op]}.{_intrinsic_suffix(s, n)}", [(t, a[0])])
         if op is Ops.MULACC:
             if is_float:
-                return self.call(t, f"llvm.fmuladd.{_INTRINSIC_SUFFIX[t]}", [(t, x) for x in a])
+                return self.call(t, f"llvm.fmuladd.{_intrinsic_suffix(s, n)}", [(t, x) for x in a])
             return self.op(f"add {t} {self.op(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
         raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
+
+    def vectorize(self, u: UOp) -> str:
+        """The vector of `u`'s scalar sources: a constant vector, a splat, or a chain of insertelements."""
+        t, s = ltype(u.dtype), ltype(u.dtype.scalar())
+        if all(x.op is Ops.CONST for x in u.src):
+            return "<" + ", ".join(f"{s} {lconst(x.arg, x.dtype)}" for x in u.src) + ">"
+        if len(set(u.src)) == 1:
+            one = self.op(f"insertelement {t} poison, {s} {self.get(u.src[0])}, i32 0")
+            return self.op(f"shufflevector {t} {one}, {t} poison, <{u.dtype.count} x i32> zeroinitializer")
+        v = "poison"
+        for lane, x in enumerate(u.src):
+            v = self.op(f"insertelement {t} {v}, {s} {self.get(x)}, i32 {lane}")
+        return v
+
+    def gep(self, u: UOp) -> str:
+        """Lanes of a vector: one lane with extractelement, several with shufflevector."""
+        src = u.src[0]
+        t = ltype(src.dtype)
+        if len(u.arg) == 1:
+            return self.op(f"extractelement {t} {self.get(src)}, i32 {u.arg[0]}")
+        mask = ", ".join(f"i32 {lane}" for lane in u.arg)
+        return self.op(f"shufflevector {t} {self.get(src)}, {t} poison, <{len(u.arg)} x i32> <{mask}>")
 
     def render_uop(self, u: UOp) -> None:
         """Emit the instructions of `u`, the next UOp of the linear program."""
@@ -314,10 +372,11 @@ class LLVMFunction:
                 idx = self.op(f"select i1 {self.get(src[2])}, i32 {idx}, i32 0")
             self.val[u] = self.op(f"getelementptr inbounds {mtype(u.dtype.base)}, ptr {self.get(src[0])}, i32 {idx}")
         elif op is Ops.LOAD:
-            align = max(u.dtype.itemsize, 1)
+            # a vector load reads consecutive elements, aligned to one element
+            align = max(u.dtype.scalar().itemsize, 1)
             value = self.op(f"load {mtype(u.dtype)}, ptr {self.get(src[0])}, align {align}")
             if dtypes.is_bool(u.dtype):
-                value = self.op(f"icmp ne i8 {value}, 0")
+                value = self.op(f"icmp ne {mtype(u.dtype)} {value}, zeroinitializer")
             if len(src) == 3:
                 value = self.op(
                     f"select i1 {self.get(src[2])}, {ltype(u.dtype)} {value}, {ltype(u.dtype)} {self.get(src[1])}"
@@ -327,8 +386,9 @@ class LLVMFunction:
             dtype = src[1].dtype
             value = self.get(src[1])
             if dtypes.is_bool(dtype):
-                value = self.op(f"zext i1 {value} to i8")
-            store = f"store {mtype(dtype)} {value}, ptr {self.get(src[0])}, align {max(dtype.itemsize, 1)}"
+                value = self.op(f"zext {ltype(dtype)} {value} to {mtype(dtype)}")
+            align = max(dtype.scalar().itemsize, 1)
+            store = f"store {mtype(dtype)} {value}, ptr {self.get(src[0])}, align {align}"
             if len(src) == 3:
                 k = self.position[u]
                 self.emit(f"br i1 {self.get(src[2])}, label %store_{k}, label %stored_{k}")
@@ -348,6 +408,10 @@ class LLVMFunction:
             self.val[u] = self.get(src[0]) if st == dt else self.op(f"bitcast {st} {self.get(src[0])} to {dt}")
         elif op in GroupOp.ALU:
             self.val[u] = self.alu(u)
+        elif op is Ops.VECTORIZE:
+            self.val[u] = self.vectorize(u)
+        elif op is Ops.GEP:
+            self.val[u] = self.gep(u)
         elif op is Ops.SINK:
             return
         else:
@@ -358,6 +422,24 @@ class LLVMFunction:
         head = f"define void @{name}({', '.join(self.params)}) #0 {{"
         body = [head, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
         return "\n".join([*body, f"attributes #0 = {{ {attributes} }}", *sorted(self.declares), ""])
+
+
+def _accumulation(uops: list[UOp]) -> set[UOp]:
+    """The float adds (and multiplies) that fold values into an accumulator: the chain of ADD/MUL from each ASSIGN's
+    value down to its DEFINE_ACC, and the MULs whose products that chain adds up."""
+    out: set[UOp] = set()
+    for u in uops:
+        if u.op is not Ops.ASSIGN or not dtypes.is_float(u.dtype):
+            continue
+        acc, stack = u.src[0], [u.src[1]]
+        while stack:
+            x = stack.pop()
+            if x in out or x.op not in (Ops.ADD, Ops.MUL):
+                continue
+            out.add(x)
+            if any(s is acc for s in x.src) or x.op is Ops.ADD:
+                stack.extend(s for s in x.src if s is not acc and s.op in (Ops.ADD, Ops.MUL))
+    return out
 
 
 def _index_math(uops: list[UOp]) -> set[UOp]:
@@ -382,6 +464,11 @@ class LLVMRenderer(Renderer):
     supports_float4 = False
     has_local = False
     has_shared = False
+    # LLVM vectors of 8 lanes fill an AVX register with float32; a target with wider vectors (AVX-512) sets 16.
+    # Wider vectors than the target has are split by LLVM, so any width is correct, only the speed differs.
+    vector_width = 8
+    # CPUs keep upcast and unrolled elements in vector registers and spill gracefully: search may try big tiles
+    max_upcast = 1024
     function_attributes: ClassVar[str] = "nounwind"
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:

@@ -1,154 +1,100 @@
-"""Lowering: a kernel AST (a SINK of STOREs over LOADs indexed through VIEWs) becomes a graph of linear-level ops.
+"""Lowering: a `Kernel` (a kernel AST and the types of its axes) becomes a graph of linear-level ops.
 
-Every axis of the kernel's full shape F gets an index: a RANGE loop, a SPECIAL hardware index on renderers with
-local/global dimensions, or the constant 0 for size-1 axes. The rewrite rules below then replace
+Each axis gets an index by its type:
 
-- `LOAD(buf, VIEW)` by `LOAD(INDEX(buf, idx, valid), 0, valid)` (a gated load when the view has a mask),
-- `CONST(VIEW)` by the constant, or `valid.where(constant, 0)` when masked,
-- `REDUCE_AXIS` by a `DEFINE_ACC` over the reduce loops and an `ASSIGN` that folds one element into it,
-- `STORE(buf, VIEW, value)` by `STORE(INDEX(buf, idx), value)`,
+- GLOBAL: a RANGE loop, or on renderers with local dimensions a SPECIAL `gidx<d>` (`gidx0` the innermost axis,
+  extra outer axes folded into `gidx2`); on renderers with `has_threads` the outermost GLOBAL loop is `SPECIAL
+  core0` instead, which the renderer runs as a loop over the part of it given to one CPU thread;
+- LOCAL, GROUP_REDUCE and the tensor core's threads: SPECIAL `lidx<d>` (the tensor core's the innermost, lidx0);
+- REDUCE: a RANGE loop; UPCAST and UNROLL: a constant per vector lane (below);
+- TC_M, TC_N, TC_K: the coordinate the tensor core's layout gives the thread and register (`tensor_cores`).
 
-with the `(idx, valid)` pairs from `ShapeTracker.to_indexed_uops`. The result is still a graph (a SINK of STOREs);
-`lazygrad_codegen.linearizer` orders it into loops, after the symbolic engine has simplified the index math.
+Values are vectors with one lane per combination of the UPCAST axes (above a reduction), or of the UNROLL and
+UPCAST axes (below it, unrolled axes outermost). A LOAD or CONST becomes a VECTORIZE of one scalar per lane, each
+indexed through its view with that lane's constants; ALU ops act on whole vectors; a REDUCE_AXIS folds the unrolled
+lanes into an accumulator (`DEFINE_ACC` over the reduce loops, updated by `ASSIGN`) that keeps one lane per output
+lane, or more when there are fewer output lanes than the renderer's vector width (then they are summed after the
+loop); a STORE becomes one scalar STORE per lane. `lazygrad_codegen.vectors` then cuts the vectors to what the
+renderer takes and merges neighbouring scalar loads and stores into vector ones.
+
+A grouped reduction (GROUP_REDUCE axes) stores each thread's partial result in local memory (`DEFINE_LOCAL`),
+waits at a `BARRIER`, and lets every thread sum its group's partials in a loop; only the threads at group position 0
+store the result. A reduction on tensor cores is a chain of `WMMA` ops on the operands' register vectors.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
-from lazygrad_uop.device import Renderer
+from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError
+from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
+from lazygrad_codegen.vectors import concat, gep, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
-from lazygrad_uop.pattern import PatternMatcher, UPat, graph_rewrite
+from lazygrad_uop.pattern import PatternMatcher, UPat
 from lazygrad_uop.uop import UOp, sint
 from lazygrad_uop.views import ShapeTracker
 
-
-class KernelASTError(ValueError):
-    """A kernel AST breaks the scheduler-codegen contract (see the package README)."""
-
-
-# the hardware indices a renderer with local dimensions offers for the global grid
-MAX_GLOBAL_DIMS = 3
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """The shapes a kernel AST works on: the full shape F (below its reductions), the output shape R, and the axes
-    it reduces over (empty without a reduction, when F == R)."""
-
-    full: tuple[sint, ...]
-    output: tuple[sint, ...]
-    reduce_axes: tuple[int, ...]
-
-    @property
-    def has_reduce(self) -> bool:
-        """Whether the kernel holds a REDUCE_AXIS."""
-        return bool(self.reduce_axes)
+# the hardware indices a renderer with local dimensions offers, for workgroups and for threads
+MAX_DIMS = 3
 
 
 @dataclass(frozen=True)
 class LoweredKernel:
-    """A kernel after lowering: the linear-level graph, its launch dimensions and its shapes."""
+    """A kernel after lowering: the linear-level graph and its launch dimensions."""
 
     sink: UOp
-    shape: KernelShape
     global_size: tuple[sint, sint, sint]
     local_size: tuple[int, int, int]
 
 
-def _is_one(s: sint) -> bool:
-    return isinstance(s, int) and s == 1
+def hardware_indices(sizes: list[sint], prefix: str) -> tuple[list[UOp], tuple[sint, sint, sint]]:
+    """SPECIAL indices `<prefix><d>` for axes of `sizes` (outermost first): the innermost axis gets dimension 0;
+    when there are more than three, the outermost share dimension 2 and are recovered from it by division and
+    remainder. Returns the index of each axis and the three launch dimensions."""
+    if not sizes:
+        return [], (1, 1, 1)
+    order = list(range(len(sizes)))[::-1]  # innermost first
+    direct, merged = order[: MAX_DIMS - 1], order[MAX_DIMS - 1 :]
+    idxs: dict[int, UOp] = {}
+    dims: list[sint] = []
+    for n, a in enumerate(direct):
+        idxs[a] = UOp.special(sizes[a], f"{prefix}{n}")  # type: ignore[arg-type]
+        dims.append(sizes[a])
+    if merged:
+        if not all(isinstance(sizes[a], int) for a in merged):
+            raise NotImplementedError(f"symbolic sizes on axes merged into {prefix}2 are not supported yet")
+        total = math.prod(sizes[a] for a in merged)  # type: ignore[misc]
+        g = UOp.special(total, f"{prefix}{len(direct)}")
+        dims.append(total)
+        place = 1
+        # merged holds the axes innermost first, so the first one varies fastest within dimension 2
+        for n, a in enumerate(merged):
+            q = g if place == 1 else g // place
+            idxs[a] = q if n == len(merged) - 1 else q % sizes[a]
+            place *= sizes[a]  # type: ignore[operator]
+    while len(dims) < MAX_DIMS:
+        dims.append(1)
+    return [idxs[a] for a in range(len(sizes))], (dims[0], dims[1], dims[2])
 
 
-def kernel_shape(ast: UOp) -> KernelShape:
-    """Check that `ast` is a kernel AST as the contract describes, and return its shapes."""
-    if ast.op is not Ops.SINK or not ast.src:
-        raise KernelASTError(f"a kernel AST is a SINK of one or more STOREs, got {ast.op} with {len(ast.src)} sources")
-    outputs: set[tuple[sint, ...]] = set()
-    for st in ast.src:
-        if (
-            st.op is not Ops.STORE
-            or len(st.src) != 3
-            or st.src[0].op is not Ops.DEFINE_GLOBAL
-            or st.src[1].op is not Ops.VIEW
-        ):
-            raise KernelASTError(
-                f"every source of a kernel SINK must be STORE(DEFINE_GLOBAL, VIEW, value), got {st.op}"
-            )
-        outputs.add(st.src[1].arg.shape)
-    if len(outputs) != 1:
-        raise KernelASTError(f"all STOREs of one kernel must have the same shape, got {sorted(outputs, key=str)}")
-    (output,) = outputs
-    reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
-    if not reduces:
-        return KernelShape(output, output, ())
-    fulls: set[tuple[sint, ...]] = set()
-    axes_seen: set[tuple[int, ...]] = set()
-    for r in reduces:
-        op, axes = r.arg
-        if op not in (Ops.ADD, Ops.MAX, Ops.MUL):
-            raise KernelASTError(f"REDUCE_AXIS reduces with ADD, MAX or MUL, got {op}")
-        fulls.add(_ast_shape(r.src[0]))
-        axes_seen.add(tuple(sorted(axes)))
-        if any(u.op is Ops.REDUCE_AXIS for u in r.src[0].toposort):
-            raise KernelASTError("a REDUCE_AXIS may not sit inside another REDUCE_AXIS's source in one kernel")
-    if len(fulls) != 1 or len(axes_seen) != 1:
-        raise KernelASTError(
-            f"all REDUCE_AXIS of one kernel must share the full shape and axes, got shapes {sorted(fulls, key=str)} "
-            f"and axes {sorted(axes_seen)}"
-        )
-    (full,), (axes,) = fulls, axes_seen
-    if len(full) != len(output) or any(not 0 <= a < len(full) for a in axes):
-        raise KernelASTError(f"reduce axes {axes} of full shape {full} don't fit output shape {output}")
-    expected = tuple(1 if i in axes else s for i, s in enumerate(full))
-    if expected != output:
-        raise KernelASTError(f"reducing {full} over axes {axes} gives {expected}, but the STOREs have shape {output}")
-    return KernelShape(full, output, axes)
+@dataclass(frozen=True)
+class _Lanes:
+    """The vector lanes of a context: the kernel axes (or "reg", a tensor-core register) they enumerate, outermost
+    first, and whose tensor-core layout ("A", "B", "C", or "" outside tensor-core operands) places the TC axes."""
 
+    axes: tuple[int | str, ...]
+    sizes: tuple[int, ...]
+    operand: str = ""
 
-def _ast_shape(u: UOp) -> tuple[sint, ...]:
-    """The shape of a value in a kernel AST: that of the nearest LOAD, CONST or REDUCE_AXIS below it (elementwise
-    ops keep their sources' shape)."""
-    frontier, seen = deque([u]), set()
-    while frontier:
-        n = frontier.popleft()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op in (Ops.LOAD, Ops.CONST) and n.src and n.src[-1].op is Ops.VIEW:
-            return n.src[-1].arg.shape
-        if n.op is Ops.REDUCE_AXIS:
-            return tuple(1 if i in n.arg[1] else s for i, s in enumerate(_ast_shape(n.src[0])))
-        frontier.extend(n.src)
-    raise KernelASTError(f"can't tell the shape of {u.op}: no LOAD or CONST with a VIEW below it")
+    @property
+    def n(self) -> int:
+        return math.prod(self.sizes)
 
-
-@dataclass
-class _Lowering:
-    """What the lowering rules need: the index of every axis, for loads of the full shape and of the output shape."""
-
-    shape: KernelShape
-    full_idxs: list[UOp]
-    output_idxs: list[UOp]
-    reduce_ranges: tuple[UOp, ...]
-    accumulators: dict[UOp, UOp] = field(default_factory=dict)
-
-    def idxs_for(self, view_shape: tuple[sint, ...]) -> list[UOp]:
-        if view_shape == self.shape.full:
-            return self.full_idxs
-        if view_shape == self.shape.output:
-            return self.output_idxs
-        raise KernelASTError(
-            f"a VIEW of shape {view_shape} fits neither the full shape {self.shape.full} nor the output shape "
-            f"{self.shape.output} of its kernel"
-        )
-
-    def index(self, view: UOp) -> tuple[UOp, UOp]:
-        st: ShapeTracker = view.arg
-        return st.to_indexed_uops(self.idxs_for(st.shape))
+    def coords(self) -> list[dict[int | str, int]]:
+        return [dict(zip(self.axes, c, strict=True)) for c in itertools.product(*(range(s) for s in self.sizes))]
 
 
 def _identity(op: Ops, dtype: DType) -> UOp:
@@ -159,125 +105,293 @@ def _identity(op: Ops, dtype: DType) -> UOp:
     return UOp.const(dtype, dtypes.min(dtype))
 
 
-def _lower_load(ctx: _Lowering, ld: UOp, buf: UOp, view: UOp) -> UOp:
-    idx, valid = ctx.index(view)
-    # the gate is checked by the renderer before the memory is touched: masked-out indices may be out of bounds
-    return UOp(Ops.LOAD, ld.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), UOp.const(ld.dtype, 0), valid))
+def _reduce_alu(op: Ops, dtype: DType) -> Ops:
+    # on bools a sum is "any", a product "all" and a max "any"
+    return {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR}[op] if dtypes.is_bool(dtype) else op
 
 
-def _lower_const(ctx: _Lowering, c: UOp, view: UOp) -> UOp:
-    value = UOp.const(c.dtype, c.arg)
-    _, valid = ctx.index(view)
-    return valid.where(value, value.const_like(0))
-
-
-def _lower_store(ctx: _Lowering, buf: UOp, view: UOp, value: UOp) -> UOp:
-    idx, valid = ctx.index(view)
-    return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), value, valid))
-
-
-def _lower_reduce(ctx: _Lowering, red: UOp, x: UOp) -> UOp:
-    op, _ = red.arg
-    if not ctx.reduce_ranges:
-        return x  # every reduced axis has size 1: the single element is the result
-    identity = _identity(op, red.dtype)
-    if dtypes.is_bool(red.dtype):
-        # on bools a sum is "any", a product "all" and a max "any"
-        op = {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR}[op]
-    acc = UOp(Ops.DEFINE_ACC, red.dtype, (identity, *ctx.reduce_ranges), arg=(len(ctx.accumulators),))
-    ctx.accumulators[red] = acc
-    return UOp(Ops.ASSIGN, red.dtype, (acc, acc.alu(op, x)))
-
-
-lowering_rules = PatternMatcher(
-    [
-        (
-            UPat(Ops.LOAD, src=(UPat(Ops.DEFINE_GLOBAL, name="buf"), UPat(Ops.VIEW, name="view")), name="ld"),
-            _lower_load,
-        ),
-        (UPat(Ops.CONST, src=(UPat(Ops.VIEW, name="view"),), name="c"), _lower_const),
-        (
-            UPat(Ops.STORE, src=(UPat(Ops.DEFINE_GLOBAL, name="buf"), UPat(Ops.VIEW, name="view"), UPat.var("value"))),
-            _lower_store,
-        ),
-        (UPat(Ops.REDUCE_AXIS, src=(UPat.var("x"),), name="red"), _lower_reduce),
-    ]
-)
-
-
-def _global_indices(sizes: list[sint], axes: list[int]) -> tuple[dict[int, UOp], tuple[sint, sint, sint]]:
-    """SPECIAL gidx indices for output axes `axes` of `sizes`: gidx0 is the innermost axis; when there are more
-    than three, the outermost ones share gidx2 and are recovered from it by division and remainder."""
-    if not axes:
-        return {}, (1, 1, 1)
-    inner_first = axes[::-1]
-    direct, merged = inner_first[: MAX_GLOBAL_DIMS - 1], inner_first[MAX_GLOBAL_DIMS - 1 :]
-    idxs: dict[int, UOp] = {}
-    dims: list[sint] = []
-    for n, a in enumerate(direct):
-        idxs[a] = UOp.special(sizes[a], f"gidx{n}")
-        dims.append(sizes[a])
-    if merged:
-        if not all(isinstance(sizes[a], int) for a in merged):
-            raise NotImplementedError("symbolic sizes on output axes merged into gidx2 are not supported yet")
-        total = math.prod(sizes[a] for a in merged)  # type: ignore[misc]
-        g = UOp.special(total, f"gidx{len(direct)}")
-        dims.append(total)
-        place = 1
-        # merged holds the axes innermost first, so the first one varies fastest within gidx2
-        for n, a in enumerate(merged):
-            q = g if place == 1 else g // place
-            idxs[a] = q if n == len(merged) - 1 else q % sizes[a]
-            place *= sizes[a]  # type: ignore[operator]
-    while len(dims) < MAX_GLOBAL_DIMS:
-        dims.append(1)
-    return idxs, (dims[0], dims[1], dims[2])
-
-
-def lower(ast: UOp, renderer: Renderer) -> LoweredKernel:
-    """Lower kernel AST `ast` for `renderer`: loops (or hardware indices) for the axes, index expressions for the
-    views, accumulators for the reductions. The index math is left unsimplified."""
-    shape = kernel_shape(ast)
-    full, reduce_axes = shape.full, set(shape.reduce_axes)
-    out_axes = [a for a, s in enumerate(full) if a not in reduce_axes and not _is_one(s)]
-    idx_of: dict[int, UOp] = {}
-    global_size: tuple[sint, sint, sint] = (1, 1, 1)
-    if renderer.has_local:
-        idx_of, global_size = _global_indices(list(full), out_axes)
-        if renderer.global_max is not None:
-            for n, (size, limit) in enumerate(zip(global_size, renderer.global_max, strict=False)):
-                if isinstance(size, int) and size > limit:
-                    raise NotImplementedError(
-                        f"global dimension {n} of size {size} exceeds the renderer's limit {limit}; splitting it "
-                        "over several dimensions is not implemented yet"
-                    )
-    else:
-        idx_of = {a: UOp.range(full[a], a) for a in out_axes}
-    looped_reduce_axes = [a for a in sorted(reduce_axes) if not _is_one(full[a])]
-    reduce_ranges = tuple(UOp.range(full[a], a) for a in looped_reduce_axes)
-    idx_of.update(zip(looped_reduce_axes, reduce_ranges, strict=True))
-    zero = UOp.const(dtypes.int32, 0)
-    full_idxs = [idx_of.get(a, zero) for a in range(len(full))]
-    output_idxs = [zero if a in reduce_axes else i for a, i in enumerate(full_idxs)]
-    ctx = _Lowering(shape, full_idxs, output_idxs, reduce_ranges)
-    sink = graph_rewrite(ast, lowering_rules, ctx=ctx, name="lower")
-    leftover = {u.op for u in sink.toposort if u.op in (Ops.VIEW, Ops.REDUCE_AXIS)}
-    if leftover:
-        raise KernelASTError(
-            f"ops {sorted(o.name for o in leftover)} were left unlowered: they sit where the contract "
-            "does not allow them (e.g. a VIEW that is not the source of a LOAD, CONST or STORE)"
+def _relevant_axes(st: ShapeTracker) -> tuple[int, ...]:
+    """The axes whose index can change what `st` reads: all but size-1 axes, and for one view, stride-0 axes that
+    no mask depends on."""
+    if len(st.views) == 1:
+        v = st.views[0]
+        mask = v.mask
+        return tuple(
+            a
+            for a, (s, stride) in enumerate(zip(v.shape, v.strides, strict=True))
+            if not (isinstance(s, int) and s == 1)
+            and (not (isinstance(stride, int) and stride == 0) or (mask is not None and mask[a] != (0, s)))
         )
-    bad = {u.op for u in sink.toposort} - _LINEAR_OPS
-    if bad:
-        raise KernelASTError(f"kernel AST holds ops codegen can't lower: {sorted(o.name for o in bad)}")
-    return LoweredKernel(sink, shape, global_size, (1, 1, 1))
+    return tuple(a for a, s in enumerate(st.shape) if not (isinstance(s, int) and s == 1))
 
 
-_LINEAR_OPS = (
-    GroupOp.Elementwise
-    | GroupOp.Defines
-    | {Ops.SINK, Ops.CONST, Ops.SPECIAL, Ops.RANGE, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.ASSIGN}
-)
+def _ordered(root: UOp) -> list[UOp]:
+    """The AST nodes under `root`, sources first, without descending into REDUCE_AXIS sources or VIEWs."""
+    out: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        u, expanded = stack.pop()
+        if u in seen:
+            continue
+        if expanded or u.op in (Ops.REDUCE_AXIS, Ops.VIEW, Ops.DEFINE_GLOBAL):
+            seen.add(u)
+            out.append(u)
+            continue
+        stack.append((u, True))
+        stack.extend((s, False) for s in reversed(u.src) if s not in seen)
+    return out
+
+
+@dataclass
+class _Lowerer:
+    k: Kernel
+    width: int
+    idx: dict[int, UOp] = field(default_factory=dict)
+    global_size: tuple[sint, sint, sint] = (1, 1, 1)
+    local_size: tuple[int, int, int] = (1, 1, 1)
+    tc_thread: UOp | None = None
+    store_gate: UOp | None = None
+    accumulators: int = 0
+    local_buffers: int = 0
+    memo: dict[tuple, UOp] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k, r = self.k, self.k.renderer
+        globals_ = k.axes(AxisType.GLOBAL)
+        if r.has_local:
+            gidx, self.global_size = hardware_indices([k.full_shape[a] for a in globals_], "gidx")
+            self.idx.update(zip(globals_, gidx, strict=True))
+            if r.global_max is not None:
+                for n, (size, limit) in enumerate(zip(self.global_size, r.global_max, strict=False)):
+                    if isinstance(size, int) and size > limit:
+                        raise NotImplementedError(
+                            f"global dimension {n} of size {size} exceeds the renderer's limit {limit}; splitting it "
+                            "over several dimensions is not implemented yet"
+                        )
+            thread_axes = k.axes(AxisType.LOCAL, AxisType.GROUP_REDUCE)
+            sizes: list[sint] = [k.full_shape[a] for a in thread_axes]
+            if k.tensor_core is not None:
+                sizes.append(k.tensor_core.threads)
+            lidx, local_size = hardware_indices(sizes, "lidx")
+            self.local_size = tuple(int(s) for s in local_size)  # type: ignore[assignment]
+            self.idx.update(zip(thread_axes, lidx, strict=False))
+            if k.tensor_core is not None:
+                self.tc_thread = lidx[-1]
+        else:
+            for n, a in enumerate(globals_):
+                size = k.full_shape[a]
+                if n == 0 and r.has_threads and isinstance(size, int) and size > 0:
+                    # the outermost output loop is split over CPU threads by the runtime
+                    self.idx[a] = UOp.special(size, "core0")
+                    self.global_size = (size, 1, 1)
+                else:
+                    self.idx[a] = UOp.range(size, a)
+        self.reduce_ranges = tuple(UOp.range(k.full_shape[a], a) for a in k.axes(AxisType.REDUCE))
+        self.idx.update(zip(k.axes(AxisType.REDUCE), self.reduce_ranges, strict=True))
+        upcast, unroll = k.axes(AxisType.UPCAST), k.axes(AxisType.UNROLL)
+        up_sizes = tuple(int(k.full_shape[a]) for a in upcast)
+        un_sizes = tuple(int(k.full_shape[a]) for a in unroll)
+        tc = k.tensor_core
+        if tc is None:
+            self.out = _Lanes(tuple(upcast), up_sizes)
+        else:
+            e_a, e_b, e_c = tc.elements_per_thread
+            self.out = _Lanes((*upcast, "reg"), (*up_sizes, e_c), "C")
+            self.tc_a = _Lanes((*unroll, *upcast, "reg"), (*un_sizes, *up_sizes, e_a), "A")
+            self.tc_b = _Lanes((*unroll, *upcast, "reg"), (*un_sizes, *up_sizes, e_b), "B")
+            self.layouts = dict(zip("ABC", layouts(tc), strict=True))
+        self.full = _Lanes((*unroll, *upcast), (*un_sizes, *up_sizes))
+
+    # *** indices ***
+
+    def idxs(self, lanes: _Lanes, coord: dict[int | str, int]) -> list[UOp]:
+        """The index of every kernel axis for the lane at `coord` of `lanes`."""
+        out: list[UOp] = []
+        zero = UOp.const(dtypes.int32, 0)
+        above_reduce = lanes is self.out
+        for a, t in enumerate(self.k.axis_types):
+            if a in coord:
+                out.append(UOp.const(dtypes.int32, coord[a]))
+            elif t in (AxisType.TC_M, AxisType.TC_N, AxisType.TC_K):
+                if not lanes.operand or (above_reduce and t is AxisType.TC_K):
+                    out.append(zero)
+                else:
+                    dim = {AxisType.TC_M: "m", AxisType.TC_N: "n", AxisType.TC_K: "k"}[t]
+                    assert self.tc_thread is not None
+                    out.append(coordinate(self.layouts[lanes.operand], dim, self.tc_thread, coord["reg"]))
+            elif above_reduce and t in REDUCE_TYPES:
+                out.append(zero)
+            else:
+                out.append(self.idx.get(a, zero))
+        return out
+
+    def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
+        """(index, valid) of `view` for each lane."""
+        st = self.k.views[view]
+        relevant = _relevant_axes(st)
+        out = []
+        for coord in lanes.coords():
+            idxs = self.idxs(lanes, coord)
+            key = ("index", view, tuple(idxs[a] for a in relevant))
+            if key not in self.memo:
+                self.memo[key] = st.to_indexed_uops(idxs)  # type: ignore[assignment]
+            out.append(self.memo[key])
+        return out  # type: ignore[return-value]
+
+    # *** values ***
+
+    def value(self, root: UOp, lanes: _Lanes) -> UOp:
+        """`root` computed in the context `lanes`: a vector with one lane per element (a scalar for one lane)."""
+        for u in _ordered(root):
+            key = ("value", u, lanes)
+            if key in self.memo:
+                continue
+            self.memo[key] = self._lower(u, lanes)
+        return self.memo[("value", root, lanes)]
+
+    def _lower(self, u: UOp, lanes: _Lanes) -> UOp:
+        if u.op in (Ops.VIEW, Ops.DEFINE_GLOBAL):
+            return u
+        if u.op is Ops.LOAD:
+            buf = u.src[0]
+            loads = [
+                UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), UOp.const(u.dtype, 0), valid))
+                for idx, valid in self.indexed(u.src[1], lanes)
+            ]
+            return vectorize(loads)
+        if u.op is Ops.CONST:
+            value = UOp.const(u.dtype, u.arg)
+            if not u.src:
+                return vectorize([value] * lanes.n)
+            return vectorize([valid.where(value, value.const_like(0)) for _, valid in self.indexed(u.src[0], lanes)])
+        if u.op is Ops.REDUCE_AXIS:
+            if lanes is not self.out:
+                raise KernelASTError("a REDUCE_AXIS may not sit inside another REDUCE_AXIS's source in one kernel")
+            return self._tc_reduce(u) if self.k.tensor_core is not None else self._reduce(u)
+        if u.op in GroupOp.Elementwise:
+            srcs = tuple(self.memo[("value", s, lanes)] for s in u.src)
+            return UOp(u.op, vec(u.dtype, lanes.n), srcs, u.arg)
+        raise KernelASTError(f"kernel AST holds an op codegen can't lower: {u.op.name}")
+
+    def _acc_multiplicity(self, n_out: int, n_unroll: int) -> int:
+        """How many unrolled lanes per output lane the accumulator keeps apart (combined after the loop). With fewer
+        output lanes than the renderer's vector width, enough for four vectors' worth: four independent chains of
+        adds (or maxes, which can't be reordered) per loop step instead of one long one."""
+        if n_out >= self.width:
+            return 1
+        target = min(4 * self.width, n_out * n_unroll)
+        return next(d for d in range(1, n_unroll + 1) if n_unroll % d == 0 and n_out * d >= target)
+
+    def _reduce(self, red: UOp) -> UOp:
+        op = _reduce_alu(red.arg[0], red.dtype)
+        x = self.value(red.src[0], self.full)
+        n_out = self.out.n
+        n_unroll = self.full.n // n_out
+        a = self._acc_multiplicity(n_out, n_unroll)
+        n_acc = n_out * a
+        slices = [gep(x, range(u * n_acc, (u + 1) * n_acc)) for u in range(n_unroll // a)]
+        identity = _identity(red.arg[0], red.dtype)
+        if self.reduce_ranges:
+            acc = self._acc(red.dtype, n_acc, identity, self.reduce_ranges)
+            new = acc
+            for s in slices:
+                new = new.alu(op, s)
+            val = UOp(Ops.ASSIGN, acc.dtype, (acc, new))
+        else:
+            val = slices[0]
+            for s in slices[1:]:
+                val = val.alu(op, s)
+        res = gep(val, range(n_out))
+        for u in range(1, a):
+            res = res.alu(op, gep(val, range(u * n_out, (u + 1) * n_out)))
+        if self.k.axes(AxisType.GROUP_REDUCE):
+            res = self._group_reduce(red, res, op, identity)
+        return res
+
+    def _acc(self, dtype: DType, n: int, identity: UOp, ranges: tuple[UOp, ...]) -> UOp:
+        acc = UOp(Ops.DEFINE_ACC, vec(dtype, n), (vectorize([identity] * n), *ranges), arg=(self.accumulators,))
+        self.accumulators += 1
+        return acc
+
+    def _flat(self, axes: list[int]) -> UOp:
+        """Row-major flat index of the hardware indices of `axes`."""
+        out = UOp.const(dtypes.int32, 0)
+        for a in axes:
+            out = out * int(self.k.full_shape[a]) + self.idx[a]
+        return out
+
+    def _group_reduce(self, red: UOp, res: UOp, op: Ops, identity: UOp) -> UOp:
+        k = self.k
+        n_out = res.dtype.count
+        groups, local = k.axes(AxisType.GROUP_REDUCE), k.axes(AxisType.LOCAL)
+        g_size = k.lanes(AxisType.GROUP_REDUCE)
+        size = k.lanes(AxisType.LOCAL) * g_size * n_out
+        buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(size, local=True), arg=f"temp{self.local_buffers}")
+        self.local_buffers += 1
+        l_flat, g_flat = self._flat(local), self._flat(groups)
+        base = (l_flat * g_size + g_flat) * n_out
+        stores = tuple(
+            UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, base + o)), gep(res, (o,))))
+            for o in range(n_out)
+        )
+        barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+        second = UOp.range(g_size, k.rank + self.local_buffers)
+        acc = self._acc(red.dtype, n_out, identity, (second,))
+        row = (l_flat * g_size + second) * n_out
+        loads = [UOp(Ops.LOAD, red.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, row + o)), barrier)) for o in range(n_out)]
+        first_in_group = None
+        for g in groups:
+            is_first = self.idx[g].eq(0)
+            first_in_group = is_first if first_in_group is None else first_in_group & is_first
+        self.store_gate = first_in_group
+        return UOp(Ops.ASSIGN, acc.dtype, (acc, acc.alu(op, vectorize(loads))))
+
+    def _tc_reduce(self, red: UOp) -> UOp:
+        k = self.k
+        tc = k.tensor_core
+        assert tc is not None and k.tc_operands is not None
+        a_load, b_load = k.tc_operands
+        a_vec, b_vec = self.value(a_load, self.tc_a), self.value(b_load, self.tc_b)
+        e_a, e_b, e_c = tc.elements_per_thread
+        n_up, n_un = k.lanes(AxisType.UPCAST), k.lanes(AxisType.UNROLL)
+        zero = UOp.const(tc.dtype_out, 0)
+        if self.reduce_ranges:
+            acc = self._acc(tc.dtype_out, n_up * e_c, zero, self.reduce_ranges)
+        else:
+            acc = vectorize([zero] * (n_up * e_c))
+        cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(n_up)]
+        arg = wmma_arg(tc)
+        for u in range(n_un):
+            for o in range(n_up):
+                lane = u * n_up + o
+                a = gep(a_vec, range(lane * e_a, (lane + 1) * e_a))
+                b = gep(b_vec, range(lane * e_b, (lane + 1) * e_b))
+                cur[o] = UOp(Ops.WMMA, vec(tc.dtype_out, e_c), (a, b, cur[o]), arg)
+        new = concat(cur)
+        return UOp(Ops.ASSIGN, acc.dtype, (acc, new)) if self.reduce_ranges else new
+
+    # *** stores ***
+
+    def stores(self, store: UOp) -> list[UOp]:
+        buf, view, value = store.src
+        v = self.value(value, self.out)
+        out = []
+        for lane, (idx, valid) in enumerate(self.indexed(view, self.out)):
+            if self.store_gate is not None:
+                valid = valid & self.store_gate
+            index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
+            out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
+        return out
+
+
+def lower(k: Kernel, width: int = 1) -> LoweredKernel:
+    """Lower kernel `k` for its renderer, with vectors of any width (`width` is the renderer's vector width, which
+    decides how many lanes an accumulator keeps). The index math is left unsimplified."""
+    lw = _Lowerer(k, width)
+    stores = [s for st in k.ast.src for s in lw.stores(st)]
+    sink = UOp(Ops.SINK, dtypes.void, tuple(stores))
+    return LoweredKernel(sink, lw.global_size, lw.local_size)
 
 
 def _drop_false_stores(sink: UOp) -> UOp | None:

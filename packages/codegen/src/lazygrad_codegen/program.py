@@ -1,8 +1,10 @@
 """`get_program`: a kernel AST in, a `ProgramSpec` (rendered source, linear UOps, launch sizes, cost estimates) out.
 
-The steps are lowering (`lowerer.lower`), symbolic simplification of the lowered graph, linearization
-(`linearizer.linearize`) and rendering with the device's `Renderer`. `DEBUG>=4` prints the source, `DEBUG>=5`
-the kernel AST, `DEBUG>=6` the linear UOps.
+The steps: choose opts for the kernel (`heuristic.hand_coded_optimizations` by default, `search.beam_search` with
+`BEAM=n`, none with `NOOPT=1`), lower it (`lowerer.lower`), simplify the lowered graph with the symbolic engine, cut
+its vectors to the renderer's width and merge neighbouring memory accesses (`vectors`), linearize
+(`linearizer.linearize`) and render with the device's `Renderer`. `DEBUG>=3` prints the opts each kernel got,
+`DEBUG>=4` the source, `DEBUG>=5` the kernel AST, `DEBUG>=6` the linear UOps.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
-from lazygrad_codegen.lowerer import LoweredKernel, cleanup_rules, lower
-from lazygrad_uop.config import DEBUG
+from lazygrad_codegen.lowerer import cleanup_rules, lower
+from lazygrad_codegen.vectors import group_memory, split_rules, vector_rules
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import graph_rewrite
@@ -36,7 +41,7 @@ class ProgramSpec:
     """A kernel ready to compile: its `name` (function name, e.g. `r_64_32` for a reduce over a 64x32 loop nest),
     `src` for the device's compiler, the linear `uops` it was rendered from, the launch sizes, the symbolic variables
     it takes after the buffers (`vars`, in parameter order), the buffer slots it takes (`globals`), stores to
-    (`outs`) and loads from (`ins`), and cost `estimates`."""
+    (`outs`) and loads from (`ins`), cost `estimates`, and the `opts` applied to it."""
 
     name: str
     src: str
@@ -49,6 +54,7 @@ class ProgramSpec:
     outs: tuple[int, ...] = ()
     ins: tuple[int, ...] = ()
     estimates: Estimates = Estimates()
+    opts: tuple[Opt, ...] = ()
 
     @property
     def function_name(self) -> str:
@@ -56,13 +62,56 @@ class ProgramSpec:
         return self.name
 
 
-def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
-    """Compile-ready program for kernel AST `ast` (a SINK of STOREs, see the package README) on `renderer`."""
+def optimized_kernel(ast: UOp, renderer: Renderer) -> Kernel:
+    """The kernel of `ast` with the opts codegen picks for it: none with NOOPT, a BEAM search with BEAM>=1, else
+    the hand-coded heuristics."""
+    k = Kernel(ast, renderer)
+    if NOOPT:
+        return k
+    if BEAM >= 1:
+        from lazygrad_codegen.search import beam_search
+
+        return beam_search(k, BEAM.value)
+    from lazygrad_codegen.heuristic import hand_coded_optimizations
+
+    return hand_coded_optimizations(k)
+
+
+def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> ProgramSpec:
+    """Compile-ready program for kernel AST `ast` (a SINK of STOREs, see the package README) on `renderer`, with
+    `opts` applied, or those codegen chooses when `opts` is None."""
     if DEBUG >= 5:
         print(ast)
-    lowered = lower(ast, renderer)
-    sink = graph_rewrite(lowered.sink, symbolic + cleanup_rules, name="simplify lowered kernel")
-    name = kernel_name(ast, lowered)
+    k = optimized_kernel(ast, renderer) if opts is None else Kernel(ast, renderer).apply_opts(list(opts))
+    return program_of(k)
+
+
+def _renumber_accumulators(sink: UOp) -> UOp:
+    """Give the accumulators the numbers 0, 1, ... in graph order (cutting vectors made several of one)."""
+    accs = [u for u in sink.toposort if u.op is Ops.DEFINE_ACC]
+    if [a.arg for a in accs] == [(i,) for i in range(len(accs))]:
+        return sink
+    return sink.substitute({a: a.replace(arg=(i,)) for i, a in enumerate(accs)})
+
+
+# built once: combining matchers inspects every rule function
+_simplify_rules = symbolic + vector_rules + cleanup_rules
+
+
+def program_of(k: Kernel) -> ProgramSpec:
+    """The program of kernel `k` as its opts have shaped it."""
+    renderer = k.renderer
+    width = max(1, renderer.vector_width)
+    lowered = lower(k, width)
+    sink = graph_rewrite(lowered.sink, _simplify_rules, name="simplify lowered kernel")
+    split, ctx = split_rules(width)
+    sink = graph_rewrite(sink, split, ctx=ctx, name="cut vectors")
+    sink = group_memory(sink, renderer)
+    sink = graph_rewrite(sink, _simplify_rules, name="simplify vectorized kernel")
+    sink = _renumber_accumulators(sink)
+    name = kernel_name(k.ast)
+    if DEBUG >= 3:
+        print(f"{name:32s} {k.colored_shape():40s} {k.applied_opts}")
     # the final SINK carries the function name to the renderer
     uops = linearize(sink)
     uops[-1] = uops[-1].replace(arg=name)
@@ -71,6 +120,7 @@ def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     src = renderer.render(uops)
     if DEBUG >= 4:
         print(src)
+    ast = k.ast
     return ProgramSpec(
         name=name,
         src=src,
@@ -83,6 +133,7 @@ def get_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
         outs=tuple(sorted({u.src[0].arg for u in ast.toposort if u.op is Ops.STORE})),
         ins=tuple(sorted({u.src[0].arg for u in ast.toposort if u.op is Ops.LOAD})),
         estimates=Estimates(_count_ops(uops), _count_mem(ast)),
+        opts=tuple(k.applied_opts),
     )
 
 
@@ -99,12 +150,13 @@ def _size_text(s: sint) -> str:
     return re.sub(r"\W+", "", text) or "n"
 
 
-def kernel_name(ast: UOp, lowered: LoweredKernel) -> str:
-    """`E_<sizes>` for an elementwise kernel, `r_<sizes>` for one with a reduction: the sizes of its loops or
-    hardware dimensions, output axes first, then reduce axes; `n<k>` is appended when another kernel had the name."""
+def kernel_name(ast: UOp) -> str:
+    """`E_<sizes>` for an elementwise kernel, `r_<sizes>` for one with a reduction: the sizes of its full shape,
+    output axes first, then reduce axes, size-1 axes left out; `n<k>` is appended when another kernel had the
+    name. A kernel keeps its name whatever opts it gets."""
     if (known := _name_of.get(ast)) is not None:
         return known
-    shape = lowered.shape
+    shape = kernel_shape(ast)
     reduce = set(shape.reduce_axes)
     order = [a for a in range(len(shape.full)) if a not in reduce] + sorted(reduce)
     sizes = [_size_text(shape.full[a]) for a in order if not (isinstance(shape.full[a], int) and shape.full[a] == 1)]
@@ -141,7 +193,11 @@ def _count_ops(uops: list[UOp]) -> sint:
         elif u.op is Ops.END:
             trips.pop()
         elif u.op in GroupOp.ALU and u in value_ops:
-            total = total + math.prod(trips, start=threads)
+            total = total + math.prod(trips, start=threads * max(u.dtype.count, *(s.dtype.count for s in u.src)))
+        elif u.op is Ops.WMMA and u in value_ops:
+            # one multiply and one add per product of the tile, shared by the threads that run it together
+            n, m, k = u.arg[1]
+            total = total + math.prod(trips, start=threads * 2 * n * m * k // u.arg[4])
     return total
 
 

@@ -70,7 +70,9 @@ class ReductionMixin:
         a, b = self._broadcasted(other)
         if not dtypes.is_float(a.dtype):
             return a.eq(b)
-        close = a.eq(b).logical_or((a - b).abs() <= atol + rtol * b.abs())
+        # with an infinity the difference is inf or nan, and inf <= inf: only equal infinities are close
+        within = ((a - b).abs() <= atol + rtol * b.abs()).logical_and(a.isfinite().logical_and(b.isfinite()))
+        close = a.eq(b).logical_or(within)
         return close.logical_or(a.isnan().logical_and(b.isnan())) if equal_nan else close
 
     def allclose(self: Tensor, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:

@@ -803,10 +803,17 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         return self._cmp(Ops.CMPLT, x, reverse=True)
 
     def __le__(self, x: Any) -> Tensor:
-        return self._cmp(Ops.CMPLT, x, reverse=True).logical_not()
+        return self._ordered_or_equal(x, reverse=False)
 
     def __ge__(self, x: Any) -> Tensor:
-        return self._cmp(Ops.CMPLT, x).logical_not()
+        return self._ordered_or_equal(x, reverse=True)
+
+    def _ordered_or_equal(self, x: Any, reverse: bool) -> Tensor:
+        """a <= b (or a >= b when reverse): not(b < a) is wrong for NaN, which compares false with everything."""
+        a, b = self._broadcasted(x, reverse)
+        if not dtypes.is_float(a.dtype):
+            return b._alu(Ops.CMPLT, a).logical_not()
+        return a._alu(Ops.CMPLT, b).logical_or(a._alu(Ops.CMPNE, b).logical_not())
 
     def ne(self, x: Any) -> Tensor:
         """Elementwise `!=`."""

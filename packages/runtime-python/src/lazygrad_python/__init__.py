@@ -7,7 +7,14 @@ with workgroup-shared local memory and barriers, and the plugin module that regi
     dev.runtime("kernel", lib)(*buffer_handles, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=())
 """
 
-from lazygrad_python.device import PythonAllocator, PythonCompiler, PythonProgram, PythonRenderer, open_python
+from lazygrad_python.device import (
+    GPUTarget,
+    PythonAllocator,
+    PythonCompiler,
+    PythonProgram,
+    PythonRenderer,
+    open_python,
+)
 from lazygrad_python.interpreter import WARP_SIZE, Interpreter, InterpreterError
 from lazygrad_python.program_text import Instr, ProgramTextError, parse_program, render_program
 
@@ -15,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "WARP_SIZE",
+    "GPUTarget",
     "Instr",
     "Interpreter",
     "InterpreterError",

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lazygrad_python.interpreter import Interpreter
 from lazygrad_python.program_text import Instr, ProgramTextError, dtype_text, parse_dtype, parse_program, render_program
-from lazygrad_uop.device import BufferSpec, CompiledDevice, CompileError, Compiler, LRUAllocator, Program, Renderer
+from lazygrad_uop.device import (
+    BufferSpec,
+    CompiledDevice,
+    CompileError,
+    Compiler,
+    LRUAllocator,
+    Program,
+    Renderer,
+    TensorCore,
+)
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -17,17 +27,51 @@ from lazygrad_uop.uop import UOp
 LIB_FORMAT = 1
 
 
+@dataclass(frozen=True)
+class GPUTarget:
+    """The limits of a GPU that a `PythonRenderer` can pretend to be, so that codegen lowers kernels as for that GPU
+    (workgroups, local memory, barriers, float4 loads, tensor cores) and the interpreter runs them with real warps:
+    a way to test a GPU target's code generation, tensor cores included, on any machine."""
+
+    name: str = "GPU"
+    tensor_cores: tuple[TensorCore, ...] = ()
+    local_max: tuple[int, int, int] = (1024, 1024, 64)
+    shared_max: int = 49152
+    max_workgroup_threads: int = 1024
+    supports_float4: bool = True
+    vector_width: int = 1
+
+
 class PythonRenderer(Renderer):
-    """Writes a linear program as PYTHON program text (see `lazygrad_python.program_text`)."""
+    """Writes a linear program as PYTHON program text (see `lazygrad_python.program_text`).
+
+    By default codegen gives it loops rather than thread indices: one thread walks every output element, which is
+    the fastest way to run a kernel in Python. `PythonRenderer(GPUTarget(...))` instead takes a GPU's limits and
+    tensor cores, so kernels get workgroups, local memory and WMMA as on that GPU."""
 
     device: ClassVar[str] = "PYTHON"
     suffix: ClassVar[str] = "PYTHON"
-    # Loops rather than thread indices: one thread walks every output element, which is the fastest way to run a
-    # kernel in Python. The interpreter does run SPECIAL, DEFINE_LOCAL and BARRIER (tested with hand-built programs);
-    # letting codegen use them is a later issue, together with vectors and tensor cores.
     has_local: ClassVar[bool] = False
     has_shared: ClassVar[bool] = False
     supports_float4: ClassVar[bool] = False
+
+    def __init__(self, target: GPUTarget | None = None) -> None:
+        self.target = target
+        if target is not None:
+            # instance attributes shadow the class's limits for this renderer only
+            vars(self).update(
+                has_local=True,
+                has_shared=True,
+                local_max=target.local_max,
+                shared_max=target.shared_max,
+                max_workgroup_threads=target.max_workgroup_threads,
+                supports_float4=target.supports_float4,
+                vector_width=target.vector_width,
+                tensor_cores=target.tensor_cores,
+            )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PythonRenderer, (self.target,))
 
     def render(self, uops: list[UOp]) -> str:
         """The program text of `uops`."""

@@ -29,6 +29,7 @@ from typing import Any
 from lazygrad_python.alu import alu_fn
 from lazygrad_python.numerics import bitcaster, caster, memory, to_value, zero
 from lazygrad_python.program_text import Instr
+from lazygrad_python.tensor_cores import wmma_function
 from lazygrad_uop.dtype import DType, PtrDType
 from lazygrad_uop.ops import GroupOp, Ops
 
@@ -72,7 +73,12 @@ class Interpreter:
     def __init__(self, instrs: Sequence[Instr], warp_size: int = WARP_SIZE) -> None:
         if warp_size < 1:
             raise ValueError(f"warp_size must be positive, got {warp_size}")
-        self.instrs, self.warp_size = list(instrs), warp_size
+        self.instrs = list(instrs)
+        # a tensor core's threads run in one warp: widen the warp to the widest WMMA of the program (AMD's 64)
+        wmma_threads = [
+            x.arg[4] for x in self.instrs if x.op is Ops.WMMA and isinstance(x.arg, tuple) and len(x.arg) == 7
+        ]
+        self.warp_size = max(warp_size, *wmma_threads) if wmma_threads else warp_size
         ins = self.instrs
         self.globals = sorted((i for i, x in enumerate(ins) if x.op is Ops.DEFINE_GLOBAL), key=lambda i: ins[i].arg)
         self.vars = [i for i, x in enumerate(ins) if x.op is Ops.DEFINE_VAR]
@@ -112,8 +118,6 @@ class Interpreter:
         if builder is None:
             if x.op in GroupOp.ALU:
                 return self._alu(i, x)
-            if x.op is Ops.WMMA:
-                raise NotImplementedError("WMMA: the PYTHON interpreter emulates tensor cores from issue 5 on")
             raise NotImplementedError(f"the PYTHON interpreter can't run {x.op} (instruction {i})")
         return builder(self, i, x)
 
@@ -143,6 +147,18 @@ class Interpreter:
             regs[r] = fn(regs[a], regs[b], regs[c])
 
         return ternary
+
+    def _wmma(self, i: int, x: Instr) -> Step:
+        # the tensor core's whole group of threads must run it: no thread of the warp may be masked off
+        fn = wmma_function(x.arg)
+        r, (a, b, c) = self.reg[i], self._srcs(x)
+
+        def wmma(regs: list[Any], w: _Warp) -> None:
+            if w.mask is not None:
+                raise InterpreterError(f"WMMA {i} runs on a warp where some threads are inactive")
+            regs[r] = fn(regs[a], regs[b], regs[c])
+
+        return wmma
 
     def _convert(self, i: int, x: Instr) -> Step:
         src = self.instrs[x.src[0]].dtype
@@ -517,4 +533,5 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.IF: Interpreter._if,
     Ops.ENDIF: Interpreter._endif,
     Ops.BARRIER: Interpreter._barrier,
+    Ops.WMMA: Interpreter._wmma,
 }

@@ -1,0 +1,195 @@
+"""The opts a kernel gets by default (without BEAM): a few rules that are right for most kernels.
+
+In order:
+
+1. tensor cores, when the renderer has some and the kernel is a matmul they fit (padding allowed);
+2. on GPUs, a grouped reduction (GROUPTOP) when the output is too small to keep the device busy but the reduction
+   is long;
+3. register reuse: a load that does not depend on an output axis (stride 0 along it, as B along the rows of a matmul)
+   is read once for every output along that axis a thread computes, so such axes are upcast, the one the output
+   is contiguous along first and widest (a multiple of the vector width, so loads and stores are vectors), until
+   the accumulators fill the register budget (`accumulator_budget`);
+4. without such reuse, vectors anyway: a reduction along the biggest input's contiguous axis unrolled so each step
+   reads whole vectors; a reduction across it (a column sum) upcast along it as far as the accumulators allow, so
+   each strided step reads a long run; elementwise kernels upcast along the output's contiguous axis;
+5. short reduce axes unrolled completely (a 3x3 convolution window becomes straight-line code);
+6. on GPUs, workgroups: LOCAL on the output axes up to 128 threads;
+7. on CPUs, the loop order of a matmul: the axis with the widest upcast outermost, so the other operand's tile is
+   what streams through the cache while this one's stays.
+
+What assumes a CPU: the upcast widths come from the renderer's `vector_width` (the LLVM renderer's vectors) and
+`max_upcast`; with `vector_width` 1 (GPUs, C) the same rules give 4x4 output tiles, float4 loads where
+`supports_float4` allows, and workgroups.
+"""
+
+from __future__ import annotations
+
+from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
+from lazygrad_uop.views import ShapeTracker
+
+
+def accumulator_budget(k: Kernel) -> int:
+    """Outputs one thread may compute at once: 16 vectors of the renderer's width (a register file holds about
+    twice that), within `max_upcast`."""
+    return min(k.renderer.max_upcast, 16 * max(1, k.renderer.vector_width))
+
+
+def _try(k: Kernel, opt: Opt) -> bool:
+    try:
+        k.apply_opt(opt)
+    except KernelOptError:
+        return False
+    return True
+
+
+def _stride(st: ShapeTracker, axis: int) -> int | None:
+    """The stride of `st` along `axis` when it is one int (None: not a plain stride)."""
+    s = st.real_strides(ignore_valid=True)[axis]
+    return s if isinstance(s, int) else None
+
+
+def _index_among(k: Kernel, axis: int, *types: AxisType) -> int:
+    return k.axes(*types).index(axis)
+
+
+def _divisor(size: object, choices: list[int]) -> int | None:
+    """The first of `choices` that divides `size` (an int) and is smaller than or equal to it."""
+    if not isinstance(size, int):
+        return None
+    return next((c for c in choices if c <= size and size % c == 0), None)
+
+
+class _Globals:
+    """The GLOBAL axes of a kernel by their position at the start (GLOBAL axes come first, in order), followed as
+    opts split them: upcasting a whole axis removes it, and the ones after it move up."""
+
+    def __init__(self, k: Kernel) -> None:
+        self.k = k
+        self.now: list[int | None] = list(range(len(k.axes(AxisType.GLOBAL))))
+
+    def axis(self, g: int) -> int | None:
+        """The kernel axis that GLOBAL axis `g` (numbered at the start) is now, or None when it is gone."""
+        cur = self.now[g]
+        return None if cur is None else self.k.axes(AxisType.GLOBAL)[cur]
+
+    def upcast(self, g: int, choices: list[int]) -> int:
+        """Upcast GLOBAL axis `g` by the first of `choices` that fits; returns the amount (1 when none fit)."""
+        cur, axis = self.now[g], self.axis(g)
+        if cur is None or axis is None:
+            return 1
+        size = self.k.full_shape[axis]
+        for amount in choices:
+            if isinstance(size, int) and amount <= size and size % amount == 0:
+                if _try(self.k, Opt(OptOps.UPCAST, cur, amount)):
+                    if amount == size:
+                        self.now[g] = None
+                        self.now[g + 1 :] = [None if c is None else c - 1 for c in self.now[g + 1 :]]
+                    return amount
+        return 1
+
+
+def hand_coded_optimizations(k: Kernel) -> Kernel:
+    """Apply the default opts to `k` (see the module docstring) and return it."""
+    r = k.renderer
+    width = max(1, r.vector_width)
+    if r.tensor_cores and r.has_local and _tensor_cores(k):
+        return k
+    if r.has_local and r.has_shared and k.reduceops:
+        _group(k)
+    budget = accumulator_budget(k)
+    g = _Globals(k)
+    n_globals = len(g.now)
+    store_st = k.stores()[0][1]
+    out_contig = [i for i in range(n_globals) if _stride(store_st, i) == 1]
+    full_loads = [st for ld, st in k.loads() if ld.src[1] in k.full_views]
+    reuse = [
+        i
+        for i in range(n_globals)
+        if any(_stride(st, i) == 0 for st in full_loads) and any(_stride(st, i) != 0 for st in full_loads)
+    ]
+    # a multiple of the vector width where the axis allows, else part of a vector
+    vector_choices = [2 * width, width, 4, 2] if width > 1 else ([4] if r.supports_float4 else [])
+    widest: tuple[int, int] | None = None  # (amount, GLOBAL axis) of the widest register-tiling upcast
+    if k.reduceops and reuse:
+        # register tiling: the contiguous axis in vectors, then the others while the accumulators fit
+        first = [i for i in reuse if i in out_contig] or reuse[:1]
+        for n, i in enumerate(first + [i for i in reuse if i not in first]):
+            lanes = k.lanes(AxisType.UPCAST)
+            if n == 0 and width > 1:
+                choices = vector_choices
+            else:
+                choices = [c for c in (8, 4, 2) if c * lanes <= budget]
+            amount = g.upcast(i, choices)
+            if amount > 1 and (widest is None or amount > widest[0]):
+                widest = (amount, i)
+    elif k.reduceops:
+        # vectors along the axis the biggest input is contiguous in: unroll it when it is reduced (a row sum reads
+        # whole vectors per step), upcast it when it is an output axis (a column sum keeps a vector of sums)
+        biggest = max(full_loads, key=lambda st: st.real_size(), default=None)
+        contiguous = [] if biggest is None else [a for a in range(k.rank) if _stride(biggest, a) == 1]
+        reduce_axes = k.axes(AxisType.REDUCE)
+        if contiguous and contiguous[-1] in reduce_axes and width > 1:
+            axis = contiguous[-1]
+            amount = _divisor(k.full_shape[axis], [4 * width, 2 * width, width, 4, 2])
+            if amount is not None:
+                _try(k, Opt(OptOps.UNROLL, reduce_axes.index(axis), amount))
+        elif contiguous and contiguous[-1] < n_globals and vector_choices:
+            # each step of the reduction reads a strided row: read as much of it as the accumulators hold
+            wide = [budget >> i for i in range(budget.bit_length()) if (budget >> i) > 2 * width]
+            g.upcast(contiguous[-1], wide + vector_choices)
+        elif out_contig and vector_choices:
+            g.upcast(out_contig[-1], vector_choices)
+    elif out_contig and vector_choices:
+        g.upcast(out_contig[-1], vector_choices)
+    # short reductions become straight-line code (from the last axis, so earlier indices stay valid)
+    for n in reversed(range(len(k.axes(AxisType.REDUCE)))):
+        size = k.full_shape[k.axes(AxisType.REDUCE)[n]]
+        if isinstance(size, int) and size <= 8:
+            _try(k, Opt(OptOps.UNROLL, n, 0))
+    if r.has_local and k.use_locals:
+        _locals(k)
+    elif widest is not None:
+        # the loop of the widest upcast outermost: its tile of the other operand stays cached while this one streams
+        cur = g.now[widest[1]]
+        if cur is not None and cur > 0:
+            _try(k, Opt(OptOps.SWAP, 0, cur))
+    return k
+
+
+def _tensor_cores(k: Kernel) -> bool:
+    if not _try(k, Opt(OptOps.TC, 0, (-1, 1))):
+        return False
+    # a second tile along each of the last two output axes: each loaded operand is used twice
+    g = _Globals(k)
+    for i in reversed(range(len(g.now))[-2:]):
+        g.upcast(i, [2])
+    return True
+
+
+def _group(k: Kernel) -> None:
+    """GROUPTOP a long reduction when there are few outputs."""
+    outputs = 1
+    for s in k.sizes(AxisType.GLOBAL):
+        outputs *= s if isinstance(s, int) else 1024
+    reduce_axes = k.axes(AxisType.REDUCE)
+    if not reduce_axes or outputs > 2048:
+        return
+    axis = reduce_axes[-1]
+    for amount in (256, 128, 64, 32, 16):
+        size = k.full_shape[axis]
+        if isinstance(size, int) and size % amount == 0 and size >= 2 * amount:
+            if _try(k, Opt(OptOps.GROUPTOP, _index_among(k, axis, AxisType.REDUCE), amount)):
+                return
+
+
+def _locals(k: Kernel) -> None:
+    """Workgroups of up to 128 threads over the last output axes."""
+    threads = k.workgroup_threads()
+    for axis in reversed(k.axes(AxisType.GLOBAL)):
+        size = k.full_shape[axis]
+        for amount in (32, 16, 8, 4, 2):
+            if threads * amount > 128 or not isinstance(size, int) or size % amount or amount > size:
+                continue
+            if _try(k, Opt(OptOps.LOCAL, _index_among(k, axis, AxisType.GLOBAL), amount)):
+                threads *= amount
+                break

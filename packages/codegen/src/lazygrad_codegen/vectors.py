@@ -1,0 +1,304 @@
+"""Vector values: building them, folding lane selections, cutting wide vectors to the renderer's width, and turning
+runs of scalar loads and stores of neighbouring elements into vector loads and stores.
+
+Lowering computes a kernel's upcast and unrolled axes as vectors with one lane per element, however many lanes that
+takes (`VECTORIZE` of scalars, `GEP` to select lanes: `GEP(x, (2, 3))` is the 2-lane vector of lanes 2 and 3 of x).
+A renderer then gets vectors no wider than its `vector_width` (scalars when it is 1):
+
+- `split_rules` cut every wider ALU op, cast and accumulator into chunks of that width, written as a `VECTORIZE` of
+  `GEP`s of the chunks; the folding rules make a consumer that takes a chunk read the chunk itself;
+- `group_memory` replaces scalar loads of neighbouring elements of one buffer by one vector load (and its lanes),
+  and scalar stores of neighbouring elements by one vector store, in the widths the renderer allows.
+
+A vector LOAD or STORE through `INDEX(buf, i)` reads or writes the elements i, i+1, ..., i+n-1 of `buf`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import DType, PtrDType, dtypes
+from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.pattern import PatternMatcher, UPat
+from lazygrad_uop.uop import UOp
+
+# *** building vectors ***
+
+
+def gep(x: UOp, lanes: Sequence[int]) -> UOp:
+    """The lanes `lanes` of `x` (a scalar when there is one lane), folding what can be folded right away."""
+    lanes = tuple(lanes)
+    if x.dtype.count == 1:
+        if any(lane != 0 for lane in lanes):
+            raise ValueError(f"lanes {lanes} of a scalar")
+        return x if len(lanes) == 1 else vectorize([x] * len(lanes))
+    if lanes == tuple(range(x.dtype.count)):
+        return x
+    if x.op is Ops.VECTORIZE:
+        return vectorize([x.src[lane] for lane in lanes])
+    if x.op is Ops.GEP:
+        return gep(x.src[0], [x.arg[lane] for lane in lanes])
+    dtype = x.dtype.scalar() if len(lanes) == 1 else x.dtype.scalar().vec(len(lanes))
+    return UOp(Ops.GEP, dtype, (x,), lanes)
+
+
+def vectorize(srcs: Sequence[UOp]) -> UOp:
+    """The vector of the scalars `srcs` (the scalar itself when there is one); lanes picked from one vector become a
+    GEP of it."""
+    srcs = tuple(srcs)
+    if len(srcs) == 1:
+        return srcs[0]
+    if all(s.op is Ops.GEP and len(s.arg) == 1 for s in srcs) and len({s.src[0] for s in srcs}) == 1:
+        return gep(srcs[0].src[0], [s.arg[0] for s in srcs])
+    return UOp(Ops.VECTORIZE, srcs[0].dtype.vec(len(srcs)), srcs)
+
+
+def concat(parts: Sequence[UOp]) -> UOp:
+    """The vector of all lanes of `parts`, in order."""
+    return vectorize([gep(p, (j,)) for p in parts for j in range(p.dtype.count)])
+
+
+def vec(dtype: DType, count: int) -> DType:
+    """`dtype` with `count` lanes (the scalar for 1)."""
+    return dtype if count == 1 else dtype.vec(count)
+
+
+# *** folding ***
+
+
+def _fold_gep(x: UOp, g: UOp) -> UOp | None:
+    new = gep(x, g.arg)
+    return None if new is g else new
+
+
+def _fold_vectorize(v: UOp) -> UOp | None:
+    new = vectorize(v.src)
+    return None if new is v else new
+
+
+vector_rules = PatternMatcher(
+    [
+        (UPat(Ops.GEP, src=(UPat.var("x"),), name="g"), _fold_gep),
+        (UPat(Ops.VECTORIZE, name="v"), _fold_vectorize),
+    ]
+)
+
+
+# *** cutting to the renderer's width ***
+
+
+def _chunks(n: int, width: int) -> list[tuple[int, ...]]:
+    return [tuple(range(s, min(s + width, n))) for s in range(0, n, width)]
+
+
+def _split_alu(ctx: int, x: UOp) -> UOp | None:
+    width = ctx
+    count = max(x.dtype.count, *(s.dtype.count for s in x.src)) if x.src else x.dtype.count
+    if count <= width:
+        return None
+    parts = []
+    for lanes in _chunks(count, width):
+        dtype = vec(x.dtype.scalar(), len(lanes))
+        parts.append(UOp(x.op, dtype, tuple(gep(s, lanes) for s in x.src), x.arg))
+    return concat(parts)
+
+
+def _split_acc(ctx: int, acc: UOp) -> UOp | None:
+    width = ctx
+    if acc.dtype.count <= width:
+        return None
+    init, ranges = acc.src[0], acc.src[1:]
+    parts = [
+        UOp(Ops.DEFINE_ACC, vec(acc.dtype.scalar(), len(lanes)), (gep(init, lanes), *ranges), (*acc.arg, c))
+        for c, lanes in enumerate(_chunks(acc.dtype.count, width))
+    ]
+    return concat(parts)
+
+
+def _split_assign(ctx: int, target: UOp, value: UOp) -> UOp | None:
+    # target is an accumulator cut into chunks by _split_acc: a VECTORIZE of GEPs of the chunk accumulators
+    if target.op is not Ops.VECTORIZE:
+        return None
+    # each lane of the target: (chunk accumulator, lane in it); a scalar chunk is its own lane 0
+    parts: list[tuple[UOp, int]] = []
+    for s in target.src:
+        if s.op is Ops.DEFINE_ACC and s.dtype.count == 1:
+            parts.append((s, 0))
+        elif s.op is Ops.GEP and s.src[0].op is Ops.DEFINE_ACC:
+            parts.append((s.src[0], s.arg[0]))
+        else:
+            return None
+    positions: dict[UOp, list[int]] = {}
+    for pos, (acc, _) in enumerate(parts):
+        positions.setdefault(acc, []).append(pos)
+    assigned = {acc: UOp(Ops.ASSIGN, acc.dtype, (acc, gep(value, pos))) for acc, pos in positions.items()}
+    return vectorize([gep(assigned[acc], (lane,)) for acc, lane in parts])
+
+
+_split = (
+    PatternMatcher(
+        [
+            (UPat(tuple(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}), name="x"), _split_alu),
+            (UPat(Ops.DEFINE_ACC, name="acc"), _split_acc),
+            (UPat(Ops.ASSIGN, src=(UPat.var("target"), UPat.var("value"))), _split_assign),
+        ]
+    )
+    + vector_rules
+)
+
+
+def split_rules(width: int) -> tuple[PatternMatcher, int]:
+    """Rules (with the lane folding rules) and their context that cut vectors wider than `width` lanes into chunks
+    of `width`."""
+    return _split, width
+
+
+# *** grouping memory accesses ***
+
+
+def memory_widths(renderer: Renderer) -> tuple[tuple[int, ...], bool]:
+    """The vector widths the renderer loads and stores (widest first) and whether the element index must be a
+    multiple of the width: unaligned vectors up to `vector_width`, else aligned float2/float4 if `supports_float4`."""
+    if renderer.vector_width > 1:
+        widths, w = [], 1
+        while w * 2 <= renderer.vector_width:
+            w *= 2
+            widths.append(w)
+        return tuple(reversed(widths)), False
+    if renderer.supports_float4:
+        return (4, 2), True
+    return (), False
+
+
+def split_offset(idx: UOp) -> tuple[UOp | None, int]:
+    """An index as (base, constant offset): `base + c` gives (base, c), a constant (None, c)."""
+    if idx.op is Ops.CONST:
+        return None, idx.arg
+    if idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
+        return idx.src[0], idx.src[1].arg
+    return idx, 0
+
+
+def _divides(u: UOp | None, n: int) -> bool:
+    """Whether the integer expression `u` is a multiple of `n` for every value of its variables."""
+    if u is None:
+        return True
+    if u.op is Ops.CONST:
+        return u.arg % n == 0
+    if u.op is Ops.ADD:
+        return all(_divides(s, n) for s in u.src)
+    if u.op is Ops.MUL:
+        return any(_divides(s, n) for s in u.src if s.op is Ops.CONST) or any(
+            s.op is Ops.CONST and s.arg % n == 0 for s in u.src
+        )
+    return False
+
+
+def _runs(offsets: list[int], widths: tuple[int, ...], aligned: bool, base: UOp | None, limit: int) -> list[list[int]]:
+    """Cut sorted distinct offsets into runs of consecutive offsets, each one of the allowed widths (or single)."""
+    out: list[list[int]] = []
+    i = 0
+    while i < len(offsets):
+        j = i
+        while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
+            j += 1
+        while i <= j:
+            n = j - i + 1
+            for w in widths:
+                if w <= n and w <= limit and (not aligned or (offsets[i] % w == 0 and _divides(base, w))):
+                    out.append(offsets[i : i + w])
+                    i += w
+                    break
+            else:
+                out.append([offsets[i]])
+                i += 1
+    return out
+
+
+def _index_with(idx_node: UOp, base: UOp | None, offset: int) -> UOp:
+    new_idx = UOp.const(dtypes.int32, offset) if base is None else (base if offset == 0 else base + offset)
+    return idx_node.replace(src=(idx_node.src[0], new_idx, *idx_node.src[2:]))
+
+
+def _buffer_limit(buf: UOp) -> int:
+    dt = buf.dtype
+    return dt.size if isinstance(dt, PtrDType) and dt.size >= 0 else 1 << 30
+
+
+def group_memory(sink: UOp, renderer: Renderer) -> UOp:
+    """Scalar loads and stores of neighbouring elements replaced by vector loads and stores."""
+    widths, aligned = memory_widths(renderer)
+    if not widths:
+        return sink
+    # loads: same buffer, same base index, same validity and gate; lanes by constant offset
+    groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
+    for u in sink.toposort:
+        if u.op is not Ops.LOAD or u.dtype.count != 1 or u.src[0].op is not Ops.INDEX:
+            continue
+        index = u.src[0]
+        if index.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL):
+            continue
+        base, offset = split_offset(index.src[1])
+        key = (index.src[0], base, index.src[2:], u.src[1:], u.dtype)
+        groups[key].setdefault(offset, u)
+    mapping: dict[UOp, UOp] = {}
+    for (buf, base, _, extra, dtype), by_offset in groups.items():
+        if len(by_offset) < 2:
+            continue
+        for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
+            if len(run) == 1:
+                continue
+            first = by_offset[run[0]]
+            index = _index_with(first.src[0], base, run[0])
+            if len(extra) == 2:  # a gated load: the alternative becomes a vector too
+                alt, gate = extra
+                srcs: tuple[UOp, ...] = (index, vectorize([alt] * len(run)), gate)
+            else:
+                srcs = (index, *extra)
+            wide = UOp(Ops.LOAD, dtype.vec(len(run)), srcs)
+            for lane, off in enumerate(run):
+                mapping[by_offset[off]] = gep(wide, (lane,))
+    if mapping:
+        sink = sink.substitute(mapping)
+    return _group_stores(sink, widths, aligned)
+
+
+def _group_stores(sink: UOp, widths: tuple[int, ...], aligned: bool) -> UOp:
+    # the stores into local memory (sources of a BARRIER) first, then the kernel's outputs (sources of the SINK)
+    for kind in (Ops.BARRIER, Ops.SINK):
+        mapping = {
+            owner: new
+            for owner in sink.toposort
+            if owner.op is kind and (new := _grouped(owner, widths, aligned)) is not owner
+        }
+        if mapping:
+            sink = sink.substitute(mapping)
+    return sink
+
+
+def _grouped(owner: UOp, widths: tuple[int, ...], aligned: bool) -> UOp:
+    """`owner` (a SINK or BARRIER) with its scalar stores to neighbouring elements merged into vector stores."""
+    groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
+    rest: list[UOp] = []
+    for s in owner.src:
+        if s.op is Ops.STORE and s.src[1].dtype.count == 1 and s.src[0].op is Ops.INDEX:
+            index = s.src[0]
+            base, offset = split_offset(index.src[1])
+            key = (index.src[0], base, index.src[2:], s.src[2:])
+            if offset not in groups[key]:
+                groups[key][offset] = s
+                continue
+        rest.append(s)
+    new_src: list[UOp] = []
+    for (buf, base, _, gate), by_offset in groups.items():
+        for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
+            first = by_offset[run[0]]
+            if len(run) == 1:
+                new_src.append(first)
+                continue
+            value = vectorize([by_offset[off].src[1] for off in run])
+            new_src.append(UOp(Ops.STORE, dtypes.void, (_index_with(first.src[0], base, run[0]), value, *gate)))
+    new_src.extend(rest)
+    return owner if len(new_src) == len(owner.src) else owner.replace(src=tuple(new_src))

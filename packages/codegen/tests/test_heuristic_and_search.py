@@ -1,0 +1,178 @@
+"""The default opts (hand-coded heuristics), NOOPT, DEBUG=3 output, and BEAM search: it keeps only candidates whose
+results match the unoptimised kernel, compiles in forked processes, and caches its choice per (kernel, device,
+renderer) on disk."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from codegen_cases import (
+    Case,
+    all_cases,
+    check,
+    column_sum,
+    conv2d,
+    cpu_device,
+    elementwise,
+    matmul,
+    row_reduce,
+    run_device,
+    run_python,
+)
+
+from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program
+from lazygrad_codegen import search as search_module
+from lazygrad_codegen.heuristic import hand_coded_optimizations
+from lazygrad_codegen.search import _close, _compile_all, _fork_pool, beam_search, search_key
+from lazygrad_uop.config import Context
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+
+CASES = all_cases()
+
+
+class GPU(CRenderer):
+    device = "TESTGPU"
+    has_local = True
+    has_shared = True
+    supports_float4 = True
+
+
+def _opts(case: Case, renderer) -> list[Opt]:
+    return hand_coded_optimizations(Kernel(case.ast, renderer)).applied_opts
+
+
+# *** heuristics ***
+
+
+def test_matmul_gets_register_tiles_vectors_and_loop_order_on_llvm() -> None:
+    # the output's contiguous axis in vectors (2 x 8 lanes), the other axis 8 rows, that loop outermost
+    assert _opts(matmul(64, 64, 64), LLVMRenderer()) == [
+        Opt(OptOps.UPCAST, 1, 16),
+        Opt(OptOps.UPCAST, 0, 8),
+        Opt(OptOps.SWAP, 0, 1),
+    ]
+
+
+def test_scalar_renderers_get_small_tiles() -> None:
+    assert _opts(matmul(64, 64, 64), CRenderer()) == [
+        Opt(OptOps.UPCAST, 1, 8),
+        Opt(OptOps.UPCAST, 0, 2),
+        Opt(OptOps.SWAP, 0, 1),
+    ]
+    assert _opts(elementwise(), CRenderer()) == []  # no vectors to fill
+
+
+def test_reductions_read_vectors_along_the_contiguous_axis() -> None:
+    assert _opts(row_reduce(Ops.ADD, 4, 1024), LLVMRenderer()) == [Opt(OptOps.UNROLL, 0, 32)]
+    assert _opts(column_sum(64, 256), LLVMRenderer()) == [Opt(OptOps.UPCAST, 0, 128)]  # the accumulator budget
+    assert _opts(elementwise(4096), LLVMRenderer()) == [Opt(OptOps.UPCAST, 0, 16)]
+
+
+def test_short_reductions_are_unrolled() -> None:
+    k = hand_coded_optimizations(Kernel(conv2d().ast, LLVMRenderer()))
+    assert k.colored_shape().endswith("3ur 3ur 3ur")  # the 3x3x3 window is straight-line code
+
+
+def test_gpus_get_workgroups_and_grouped_reductions() -> None:
+    opts = _opts(row_reduce(Ops.ADD, 4, 4096), GPU())
+    assert opts[0] == Opt(OptOps.GROUPTOP, 0, 256)
+    assert any(o.op is OptOps.LOCAL for o in _opts(elementwise(4096), GPU()))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_heuristic_kernels_are_correct(case: Case) -> None:
+    py = pytest.importorskip("lazygrad_python")
+    gpu = py.PythonRenderer(py.GPUTarget())
+    check(case, run_python(case.ast, gpu, None, case.inputs)[0], f"{case.name} on an emulated GPU")
+    check(case, run_device(case.ast, cpu_device(), None, case.inputs)[0], f"{case.name} on the CPU")
+
+
+def test_noopt_and_debug_output(capsys) -> None:
+    case = matmul(16, 16, 16)
+    with Context(NOOPT=1):
+        assert get_program(case.ast, LLVMRenderer()).opts == ()
+    with Context(DEBUG=3):
+        spec = get_program(case.ast, LLVMRenderer())
+    printed = capsys.readouterr().out
+    assert spec.name in printed and "UPCAST" in printed and "8u" in printed
+
+
+# *** BEAM ***
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    return tmp_path
+
+
+def test_beam_search_on_the_cpu_is_correct_and_cached(cache_dir, monkeypatch) -> None:
+    device = cpu_device()
+    case = matmul(64, 64, 64)
+    with Context(BEAM=1):
+        out, spec = run_device(case.ast, device, None, case.inputs)
+    check(case, out, f"BEAM opts {spec.opts}")
+    assert spec.opts, "a 64x64x64 matmul is faster with some opts than without"
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the second search of the same kernel must come from the cache")
+
+    monkeypatch.setattr(search_module, "_search", no_search)
+    with Context(BEAM=1):
+        assert get_program(case.ast, device.renderer).opts == spec.opts
+    with Context(BEAM=2), pytest.raises(AssertionError, match="from the cache"):
+        get_program(case.ast, device.renderer)  # another beam width is another search
+
+
+def test_candidates_with_wrong_results_are_dropped(cache_dir, monkeypatch) -> None:
+    py = pytest.importorskip("lazygrad_python")
+    case = matmul(8, 8, 8)
+    compile_one = search_module._compile
+
+    def corrupt_upcasts(opts):
+        # an UPCAST candidate that computes a + b instead of a * b: fast, but wrong
+        got = compile_one(opts)
+        if got is None or not any(o.op is OptOps.UPCAST for o in opts):
+            return got
+        src = re.sub(r" MUL(\s+)float32 ", r" ADD\1float32 ", got.src)
+        assert src != got.src
+        return search_module._Compiled(
+            got.opts, got.name, src, py.PythonCompiler().compile(src), *tuple(vars(got).values())[4:]
+        )
+
+    monkeypatch.setattr(search_module, "_compile", corrupt_upcasts)
+    monkeypatch.setattr(search_module, "_fork_pool", lambda: None)  # a local function can't go to a worker
+    best = beam_search(Kernel(case.ast, py.PythonRenderer()), 2, timeout_s=20)
+    assert all(o.op is not OptOps.UPCAST for o in best.applied_opts)
+
+
+def test_parallel_compiles_match_serial_ones() -> None:
+    device = cpu_device()
+    k = Kernel(elementwise(256).ast, device.renderer)
+    search_module._WORKER.update(kernel=k, compiler=device.compiler)
+    try:
+        candidates = [(Opt(OptOps.UPCAST, 0, amt),) for amt in (2, 4, 8, 16)]
+        pool = _fork_pool()
+        try:
+            parallel = _compile_all(candidates, pool)
+        finally:
+            if pool is not None:
+                pool.shutdown()
+        serial = _compile_all(candidates, None)
+    finally:
+        search_module._WORKER.clear()
+    assert [c.src for c in parallel] == [c.src for c in serial] and len(serial) == 4
+
+
+def test_search_keys_and_result_comparison() -> None:
+    case = elementwise()
+    k_llvm, k_c = Kernel(case.ast, LLVMRenderer()), Kernel(case.ast, CRenderer())
+    assert search_key(k_llvm, 2) != search_key(k_c, 2) != search_key(k_c, 3)
+    f32 = lambda xs: np.array(xs, np.float32).tobytes()  # noqa: E731
+    assert _close(dtypes.float32, f32([1.0, 2.0, np.nan]), f32([1.0 + 1e-6, 2.0, np.nan]))
+    assert not _close(dtypes.float32, f32([1.0, 2.0]), f32([1.0, 2.1]))
+    assert not _close(dtypes.float32, f32([np.inf]), f32([-np.inf]))
+    assert not _close(dtypes.int32, np.int32([1]).tobytes(), np.int32([2]).tobytes())

@@ -1,0 +1,54 @@
+"""The tensor cores of NVIDIA GPUs that lazygrad uses: `mma.sync` warp-level matrix multiply-accumulate, as plain
+data (`TensorCore` descriptions) that codegen applies generically and the PYTHON device emulates.
+
+Layouts follow the PTX ISA's fragment tables for `mma.m16n8k16` and `mma.m16n8k8` with `.f16`/`.bf16` inputs and
+`.f32` accumulators. With lane = 4 * groupID + threadID_in_group (groupID = lane >> 2):
+
+- A (16 x K, row-major fragments): register pairs hold two neighbouring columns; row groupID, and groupID + 8 for
+  the second pair; for K = 16 the third and fourth pairs repeat this 8 columns further on;
+- B (K x 8): column groupID, rows 2 * threadID_in_group and the next, and 8 rows further on for K = 16;
+- C (16 x 8): row groupID (and groupID + 8 for registers 2 and 3), columns 2 * threadID_in_group and the next.
+
+Each is written as the coordinate bit selected by each bit of the lane and of the register index (see
+`lazygrad_uop.device.TensorCore`).
+"""
+
+from __future__ import annotations
+
+from lazygrad_uop.device import TensorCore
+from lazygrad_uop.dtype import dtypes
+
+# C (16 x 8, fp32): lane bits 0-1 pick columns 2 and 4, lane bits 2-4 rows 1-4; register bit 0 the column's low
+# bit, register bit 1 rows 8 further on
+_C = (("n1", "n2", "m0", "m1", "m2"), ("n0", "m3"))
+_M16N8K16 = (
+    (("k1", "k2", "m0", "m1", "m2"), ("k0", "m3", "k3")),  # A: 8 halves per lane
+    (("k1", "k2", "n0", "n1", "n2"), ("k0", "k3")),  # B: 4 halves per lane
+    _C,
+)
+_M16N8K8 = (
+    (("k1", "k2", "m0", "m1", "m2"), ("k0", "m3")),  # A: 4 halves per lane
+    (("k1", "k2", "n0", "n1", "n2"), ("k0",)),  # B: 2 halves per lane
+    _C,
+)
+
+
+def _mma(k: int, dtype_in: object) -> TensorCore:
+    swizzle = _M16N8K16 if k == 16 else _M16N8K8
+    per_thread = (16 * k // 32, k * 8 // 32, 16 * 8 // 32)
+    return TensorCore(
+        dims=(8, 16, k),
+        threads=32,
+        elements_per_thread=per_thread,
+        dtype_in=dtype_in,  # type: ignore[arg-type]
+        dtype_out=dtypes.float32,
+        opts=(f"mma.sync.aligned.m16n8k{k}.row.col",),
+        swizzle=swizzle,
+    )
+
+
+_AMPERE = (_mma(16, dtypes.float16), _mma(16, dtypes.bfloat16), _mma(8, dtypes.float16))
+
+TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"sm_80": _AMPERE, "sm_89": _AMPERE, "sm_90": _AMPERE}
+"""The tensor cores per target (compute capability): `mma.sync` m16n8k16 for fp16 and bf16 and m16n8k8 for fp16,
+accumulating in fp32, on Ampere (sm_80), Ada (sm_89) and Hopper (sm_90, which also runs the Ampere instructions)."""

@@ -1,0 +1,91 @@
+"""Tensor cores emulated from their descriptions: a `WMMA` UOp run on a warp's registers.
+
+A WMMA's arg is `(name, (N, M, K), dtype_in, dtype_out, threads, (A, B, C elements per thread), layout)` with the
+layout of `lazygrad_uop.device.TensorCore.swizzle`: for each operand, the coordinate bit each bit of the thread index
+and of the register index selects. Each group of `threads` consecutive threads of the warp runs one instruction
+together: their A registers are gathered into the M x K matrix A, their B registers into B (K x N), their C
+registers into C (M x N), and each thread gets back its registers of C + A @ B. Products and sums are computed in
+double precision and rounded to `dtype_out` once, as exact as a tensor core can be (hardware may round between
+partial sums, so results match it to within the output dtype's rounding).
+
+The mapping is read from the layout here, independently of the code generator, so running a matmul through it checks
+that codegen placed every element where the description says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lazygrad_python.numerics import normalizer
+
+
+class TensorCoreLayoutError(ValueError):
+    """A WMMA arg whose layout does not describe a matrix operand (a bit named twice, missing, or unknown)."""
+
+
+def _coords(layout: Sequence[Sequence[str]], dims: str, threads: int, registers: int) -> list[list[tuple[int, int]]]:
+    """For each thread and register, the (row, column) of the element it holds; `dims` names the row and column
+    coordinates ("mk" for A, "kn" for B, "mn" for C)."""
+    thread_bits, register_bits = layout
+    out = []
+    for t in range(threads):
+        row_col = []
+        for r in range(registers):
+            value = {dims[0]: 0, dims[1]: 0}
+            for bits, index in ((thread_bits, t), (register_bits, r)):
+                for b, name in enumerate(bits):
+                    if not name:
+                        continue
+                    if name[0] not in value:
+                        raise TensorCoreLayoutError(f"layout bit {name!r} is not a coordinate of a {dims} operand")
+                    value[name[0]] |= ((index >> b) & 1) << int(name[1:])
+            row_col.append((value[dims[0]], value[dims[1]]))
+        out.append(row_col)
+    return out
+
+
+def wmma_function(arg: tuple[Any, ...]) -> Callable[[list[Any], list[Any], list[Any]], list[Any]]:
+    """The function of one WMMA instruction over a warp: per-thread register tuples of A, B and C in, of the result
+    out. The warp's width must be a multiple of the instruction's thread count."""
+    try:
+        _name, (n, m, k), _dtype_in, dtype_out, threads, (per_a, per_b, per_c), (lay_a, lay_b, lay_c) = arg
+    except (TypeError, ValueError):
+        raise TensorCoreLayoutError(
+            "a WMMA arg is (name, (N, M, K), dtype_in, dtype_out, threads, (A, B, C elements per thread), "
+            f"(layout_A, layout_B, layout_C)), got {arg!r}"
+        ) from None
+    coords_a = _coords(lay_a, "mk", threads, per_a)
+    coords_b = _coords(lay_b, "kn", threads, per_b)
+    coords_c = _coords(lay_c, "mn", threads, per_c)
+    for coords, rows, cols, what in ((coords_a, m, k, "A"), (coords_b, k, n, "B"), (coords_c, m, n, "C")):
+        held = {rc for per_thread in coords for rc in per_thread}
+        if held != {(i, j) for i in range(rows) for j in range(cols)}:
+            raise TensorCoreLayoutError(f"the layout of {what} does not cover its {rows} x {cols} elements")
+    round_out = normalizer(dtype_out)
+
+    def gather(regs: list[Any], coords: list[list[tuple[int, int]]], rows: int, cols: int, what: str) -> list[list]:
+        mat: list[list[Any]] = [[None] * cols for _ in range(rows)]
+        for t, per_thread in enumerate(coords):
+            for r, (i, j) in enumerate(per_thread):
+                v = regs[t][r]
+                if mat[i][j] is not None and mat[i][j] != v and not (v != v and mat[i][j] != mat[i][j]):
+                    raise ValueError(f"threads that should hold the same element {what}[{i}][{j}] disagree")
+                mat[i][j] = v
+        return mat
+
+    def run(a_regs: list[Any], b_regs: list[Any], c_regs: list[Any]) -> list[Any]:
+        width = len(c_regs)
+        if width % threads:
+            raise ValueError(f"a WMMA of {threads} threads needs a warp of a multiple of {threads}, got {width}")
+        out: list[Any] = [None] * width
+        for g in range(0, width, threads):
+            a = gather(a_regs[g : g + threads], coords_a, m, k, "A")
+            b = gather(b_regs[g : g + threads], coords_b, k, n, "B")
+            c = gather(c_regs[g : g + threads], coords_c, m, n, "C")
+            d = [[c[i][j] + sum(a[i][q] * b[q][j] for q in range(k)) for j in range(n)] for i in range(m)]
+            for t in range(threads):
+                out[g + t] = tuple(round_out([d[i][j] for i, j in coords_c[t]]))
+        return out
+
+    return run
