@@ -2,28 +2,118 @@
 
 Times are end to end per call (building the lazy graph, scheduling, running the kernel; compilation is excluded by a
 warm-up call), median of several runs. Ratio = numpy time / lazygrad time: above 1 means lazygrad is faster.
+
+The other benchmarks import their measuring helpers from here: `bench`, `kernel_launcher` and `kernel_seconds` (the
+kernels alone), `Copier` (the machine's reference memory speed), `interleaved` (references measured alongside).
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from lazygrad import Tensor
+from lazygrad.engine import get_runner, run_schedule
+from lazygrad_uop.ops import Ops
 
 
-def bench(fn: Callable[[], object], runs: int) -> float:
-    """Median seconds of `fn` after one warm-up call."""
+def bench(fn: Callable[[], object], runs: int, collect: bool = False) -> float:
+    """Median seconds of `fn` after one warm-up call. With `collect`, the garbage collector runs before each call
+    (untimed), so that memory freed by the previous call is back in the allocator's cache, as it is in a program
+    whose tensors go out of scope."""
     fn()
     times = []
     for _ in range(runs):
+        if collect:
+            gc.collect()
         st = time.perf_counter()
         fn()
         times.append(time.perf_counter() - st)
     return statistics.median(times)
+
+
+def kernel_launcher(make: Callable[[], Tensor]) -> Callable[[], float]:
+    """A function that runs the kernels computing `make()` once and returns their seconds (each launch timed by the
+    device): scheduled and compiled here, once, so that a call builds no graph and schedules nothing."""
+    items = make().schedule()
+    run_schedule(items)  # allocates the buffers and compiles the kernels
+    launches = [(get_runner(si.bufs[0].device, si.ast), si.bufs) for si in items if si.ast.op is not Ops.COPY]
+    return lambda: sum(runner(bufs, wait=True) or 0.0 for runner, bufs in launches)
+
+
+def kernel_seconds(make: Callable[[], Tensor], runs: int) -> float:
+    """Best seconds of `runs` runs of the kernels that compute `make()` (see `kernel_launcher`)."""
+    launch = kernel_launcher(make)
+    return min(launch() for _ in range(runs))
+
+
+def interleaved(
+    measures: dict[str, Callable[[], float]], runs: int, block: int = 1, settle: float = 0.0
+) -> dict[str, float]:
+    """The best of `runs` results of each function (each returns seconds), calling them in turn, `block` calls at a
+    time, so that on a machine shared with other work each sees the same conditions as the others, and a reference
+    measured this way is comparable with what it is the reference for. Before each block it waits `settle` seconds
+    for what the previous function left running to stop (a BLAS's threads keep spinning for a while after a call,
+    taking the cores from whatever runs next)."""
+    best = dict.fromkeys(measures, float("inf"))
+    for _ in range(max(1, -(-runs // block))):
+        for name, fn in measures.items():
+            time.sleep(settle)
+            for _ in range(block):
+                best[name] = min(best[name], fn())
+    return best
+
+
+def machine() -> str:
+    """The cores this process may use, and the load on the machine: other processes running at the same time share
+    the cores and the memory bandwidth, and every ratio here depends on them."""
+    return f"{_cores()} cores" + (f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class Copier:
+    """The machine's copy speed, the reference of memory-bound kernels: numpy copying `nbytes` between two
+    arrays, on one thread (`one`) or split over all cores (`parallel`; numpy's copy releases the GIL). Each
+    returns the seconds of one copy, which reads and writes `nbytes`."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.src = np.ones(nbytes // 4, np.float32)
+        self.dst = np.zeros_like(self.src)
+        cores = _cores()
+        self.bounds = list(itertools.pairwise([self.src.size * i // cores for i in range(cores + 1)]))
+        self.pool = ThreadPoolExecutor(cores)
+
+    def one(self) -> float:
+        return timed(lambda: np.copyto(self.dst, self.src))
+
+    def parallel(self) -> float:
+        def copy() -> None:
+            parts = [self.pool.submit(np.copyto, self.dst[lo:hi], self.src[lo:hi]) for lo, hi in self.bounds]
+            for part in parts:
+                part.result()
+
+        return timed(copy)
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of `fn` takes."""
+    st = time.perf_counter()
+    fn()
+    return time.perf_counter() - st
 
 
 def main() -> None:

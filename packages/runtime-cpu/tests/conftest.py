@@ -74,17 +74,19 @@ def run_kernel(
     """Compile and run `ast` with `inputs` (slot -> array) and return every output slot's contents."""
     spec = get_program(ast, device.renderer)
     program = device.runtime(spec.name, device.compiler.compile(spec.src))
-    handles, outs = [], {}
+    handles, outs = {}, {}
     for slot, buf in sorted(_buffers(ast).items()):
         dtype = buf.dtype.base
         nbytes = max(buf.dtype.size * dtype.itemsize, 1)
         handle = device.allocator.alloc(nbytes)
         if slot in inputs:
             device.allocator.copyin(handle, memoryview(np.ascontiguousarray(inputs[slot])).cast("B"))
-        handles.append(handle)
+        handles[slot] = handle
         if slot in spec.outs:
             outs[slot] = (handle, buf.dtype.size, dtype)
-    program(*handles, global_size=spec.global_size, local_size=spec.local_size, vals=vals)
+    # a buffer whose loads were simplified away is not a parameter of the program, as in the frontend's engine
+    args = [handles[slot] for slot in spec.globals]
+    program(*args, global_size=spec.global_size, local_size=spec.local_size, vals=vals)
     result = {}
     for slot, (handle, size, dtype) in outs.items():
         npdt = np.uint16 if dtype == dtypes.bfloat16 else to_numpy_dtype(dtype)
@@ -98,5 +100,15 @@ def run_kernel(
 def run(cpu: CompiledDevice) -> Callable[..., dict[int, np.ndarray]]:
     def go(ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()) -> dict[int, np.ndarray]:
         return run_kernel(cpu, ast, inputs, vals)[0]
+
+    return go
+
+
+@pytest.fixture
+def run_with_spec(cpu: CompiledDevice) -> Callable[..., tuple[dict[int, np.ndarray], ProgramSpec]]:
+    """Like `run`, also returning the ProgramSpec that codegen made."""
+
+    def go(ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()):
+        return run_kernel(cpu, ast, inputs, vals)
 
     return go

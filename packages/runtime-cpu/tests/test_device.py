@@ -93,7 +93,7 @@ def test_alignment_and_as_buffer_is_the_memory_itself(cpu, run, k) -> None:
     # a kernel's write shows up in the numpy view without any copy
     st = k.st(10)
     spec = get_program(k.sink(k.store(0, k.const(3.5, dtypes.float32, st), st)), cpu.renderer)
-    CPUProgram(spec.name, cpu.compiler.compile(spec.src))(handle)
+    CPUProgram(spec.name, cpu.compiler.compile(spec.src))(handle, global_size=spec.global_size)
     np.testing.assert_array_equal(view, 3.5)
     # and a write through the view is what the device reads
     view[:] = np.arange(10)
@@ -181,7 +181,22 @@ def test_program_runs_and_times(cpu, k) -> None:
     assert prg(out, inp) is None
     assert np.frombuffer(cpu.allocator._as_buffer(out), np.float32)[0] == 64 * 3
     with pytest.raises(ValueError, match="global_size"):
-        prg(out, inp, global_size=(2, 1, 1))
+        prg(out, inp, global_size=(1, 2, 1))
+
+
+def test_kernels_use_the_hosts_widest_vectors(cpu, k) -> None:
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    bits = 512 if features.get("avx512f") else 256 if features.get("avx") else 128
+    assert cpu.renderer.vector_width == bits // 32
+    if not llvm.get_process_triple().startswith("x86_64"):
+        pytest.skip("register names checked on x86-64 only")
+    st = k.st(4096)
+    ast = k.sink(k.store(0, k.load(1, dtypes.float32, st) * k.const(3.0, dtypes.float32, st), st))
+    asm = cpu.compiler.target_machine.emit_assembly(cpu.compiler.optimized_module(get_program(ast, cpu.renderer).src))
+    register = {512: "zmm", 256: "ymm", 128: "xmm"}[bits]
+    assert re.search(rf"\bv?mul[a-z]*\s+.*%{register}", asm), f"no {bits}-bit multiply in the kernel"
 
 
 def test_program_with_missing_function_name(cpu, k) -> None:
@@ -191,7 +206,7 @@ def test_program_with_missing_function_name(cpu, k) -> None:
 
 
 def test_debug_prints_source_and_uops(cpu, k, capsys) -> None:
-    ast = _sum_kernel(k, 16)
+    ast = _sum_kernel(k, 4096)  # long enough to stay a loop whatever codegen unrolls
     with Context(DEBUG=4):
         spec = get_program(ast, cpu.renderer)
     printed = capsys.readouterr().out

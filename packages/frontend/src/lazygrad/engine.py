@@ -17,7 +17,7 @@ from typing import Protocol
 from lazygrad_codegen import ProgramSpec, get_program
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_scheduler.memory import plan_memory
-from lazygrad_uop.config import DEBUG
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
@@ -144,12 +144,12 @@ class ExecItem:
             _report(f"copy {dest.nbytes} bytes {src.device} -> {dest.device}", dest.device, seconds, 0, 2 * dest.nbytes)
 
 
-_runners: dict[tuple[str, UOp], CompiledRunner] = {}
+_runners: dict[tuple[str, UOp, int, int], CompiledRunner] = {}
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled program for kernel `ast` on `device`, built on first use."""
-    key = (device, ast)
+    key = (device, ast, BEAM.value, NOOPT.value)  # a program found under other opt settings is another program
     if (runner := _runners.get(key)) is None:
         dev: CompiledDevice = Device[device]
         spec = get_program(ast, dev.renderer)

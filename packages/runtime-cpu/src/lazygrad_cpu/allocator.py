@@ -12,6 +12,11 @@ from lazygrad_uop.device import BufferSpec, LRUAllocator
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if hasattr(mmap, "MAP_PRIVATE") else None
 # the alignment the allocator promises; mmap gives whole pages, which are more aligned than this
 ALIGNMENT = 64
+# Blocks this large are backed by huge pages where the OS offers them (Linux's transparent huge pages): the first
+# touch of fresh memory then takes one page fault per 2 MiB instead of per 4 KiB, several times faster, and kernels
+# streaming over big buffers miss the TLB less.
+HUGE_PAGE_MIN_BYTES = 2 * 1024 * 1024
+_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,7 +41,8 @@ def _address(mem: mmap.mmap) -> int:
 
 
 class CPUAllocator(LRUAllocator):
-    """Allocates page-aligned (so 64-byte-aligned) host memory, zero-filled by the OS, and recycles freed blocks."""
+    """Allocates page-aligned (so 64-byte-aligned) host memory, zero-filled by the OS, on huge pages when large, and
+    recycles freed blocks."""
 
     def _alloc(self, size: int, options: BufferSpec) -> CPUBuffer:
         try:
@@ -44,6 +50,11 @@ class CPUAllocator(LRUAllocator):
             mem = mmap.mmap(-1, size, flags=_PRIVATE) if _PRIVATE is not None else mmap.mmap(-1, size)
         except OSError as exc:
             raise MemoryError(f"the CPU device could not allocate {size} bytes: {exc}") from exc
+        if _HUGEPAGE is not None and size >= HUGE_PAGE_MIN_BYTES:
+            try:
+                mem.madvise(_HUGEPAGE)
+            except OSError:
+                pass  # a kernel without transparent huge pages: plain pages work the same, only slower to fault
         addr = _address(mem)
         assert addr % ALIGNMENT == 0, "mmap returned memory that is not page-aligned"
         return CPUBuffer(mem, 0, size, addr)

@@ -34,6 +34,17 @@ def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
     )
 
 
+def host_vector_bits() -> int:
+    """The width of the host's widest vector registers for arithmetic, in bits: 512 with AVX-512, 256 with AVX,
+    else 128 (SSE2 on x86-64, NEON on ARM)."""
+    features = llvm.get_host_cpu_features()
+    if features.get("avx512f"):
+        return 512
+    if features.get("avx"):
+        return 256
+    return 128
+
+
 class LLVMCompiler(Compiler):
     """LLVM IR text to an object file for the host CPU. Binaries are cached per CPU and feature set, since code
     using AVX-512 must not be loaded on a machine without it."""

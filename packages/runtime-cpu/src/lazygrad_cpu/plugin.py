@@ -3,6 +3,8 @@ and compiled with llvmlite for the host."""
 
 from __future__ import annotations
 
+# defines the CPU_THREADS setting as soon as the plugin loads, so that Context(CPU_THREADS=n) knows it
+from lazygrad_cpu.threads import CPU_THREADS  # noqa: F401
 from lazygrad_uop.device import CompiledDevice, Renderer
 from lazygrad_uop.plugins import DeviceSpec, RendererSpec, hookimpl
 
@@ -26,12 +28,13 @@ def open_cpu(name: str) -> CompiledDevice:
     """Open the CPU device. There is one CPU device; "CPU:1" and above name nothing."""
     from lazygrad_cpu.allocator import CPUAllocator
     from lazygrad_cpu.compiler import LLVMCompiler
+    from lazygrad_cpu.graph import CPUGraph
     from lazygrad_cpu.program import CPUProgram
     from lazygrad_cpu.renderer import CPURenderer
 
     if name != "CPU":
         raise ValueError(f"there is one CPU device, named 'CPU'; {name!r} does not exist")
-    return CompiledDevice(name, CPUAllocator(), CPURenderer(), LLVMCompiler(), CPUProgram)
+    return CompiledDevice(name, CPUAllocator(), CPURenderer(), LLVMCompiler(), CPUProgram, CPUGraph)
 
 
 def _make_renderer() -> Renderer:

@@ -80,3 +80,7 @@ JIT = ContextVar("JIT", 1)
 DEV = ContextVar("DEV", "")
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 DISABLE_COMPILER_CACHE = ContextVar("DISABLE_COMPILER_CACHE", 0)
+# threads that run one CPU kernel (the CPU device's), by default every core this process may use
+CPU_THREADS = ContextVar(
+    "CPU_THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+)
