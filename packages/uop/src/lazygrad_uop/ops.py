@@ -126,7 +126,8 @@ OP_DOCS: dict[Ops, str] = {
     Ops.UNIQUE: "arg: an int that makes a BUFFER distinct from every other",
     Ops.CONST: "arg: the Python value; in a tensor graph src=(VIEW,) gives it a shape",
     Ops.VIEW: "arg: a ShapeTracker; src=(x,) applies it to x, or () inside a kernel AST for CONST",
-    Ops.KERNEL: "src: the BUFFERs (outputs first) the kernel touches; arg: Kernel(ast)",
+    Ops.KERNEL: "src: per parameter slot the BUFFER or the ASSIGN that writes it (outputs first), then ordering deps;"
+    " arg: Kernel(ast, n_outputs, n_slots)",
     Ops.ASSIGN: "tensor graph: src=(target BUFFER view, value); linear: src=(DEFINE_ACC, new value)",
     Ops.REDUCE_AXIS: "src=(x,); arg=(Ops.ADD|Ops.MAX|Ops.MUL, axes tuple)",
     Ops.COPY: "src=(DEVICE, x): x copied to the device",
@@ -134,7 +135,8 @@ OP_DOCS: dict[Ops, str] = {
     Ops.DEFINE_LOCAL: "dtype=PtrDType(local=True); arg=name",
     Ops.DEFINE_VAR: "dtype=int; arg=(name, min, max)",
     Ops.DEFINE_ACC: "src=(initial value, *RANGEs it accumulates over); arg=(accumulator number,)",
-    Ops.SPECIAL: "dtype=int; arg=(name, size): a hardware index, e.g. ('gidx0', 64) or ('lidx1', 16)",
+    Ops.SPECIAL: "dtype=int; arg=(name, size): a hardware index, e.g. ('gidx0', 64) or ('lidx1', 16), or the CPU's"
+    " ('core0', n): the outermost parallel axis, run over a [start, end) range per thread",
     Ops.RANGE: "dtype=int; src=(end,); arg=axis number: loops from 0 to end-1",
     Ops.END: "src=(RANGE,): closes that loop",
     Ops.IF: "src=(gate,); ENDIF src=(IF,)",
@@ -143,5 +145,6 @@ OP_DOCS: dict[Ops, str] = {
     Ops.STORE: "kernel AST: src=(DEFINE_GLOBAL, VIEW, value); linear: src=(INDEX, value[, gate])",
     Ops.VECTORIZE: "src: scalars that form one vector value",
     Ops.GEP: "src=(vector,); arg=tuple of lane numbers",
-    Ops.WMMA: "src=(A, B, C) vectors; arg=(name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes)",
+    Ops.WMMA: "src=(A, B, C) vectors; arg=(name, (N, M, K), dtype_in, dtype_out, threads,"
+    " (A, B, C elements per thread), layout): one tensor-core instruction, laid out as TensorCore.swizzle says",
 }
