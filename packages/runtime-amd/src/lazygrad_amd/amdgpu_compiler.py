@@ -55,19 +55,32 @@ def amdgpu_target_reason() -> str | None:
 
 
 def find_ld_lld() -> str | None:
-    """The path of an `ld.lld` that can link AMDGPU objects: on PATH (plain or versioned, e.g. `ld.lld-16`), or
-    ROCm's own under $ROCM_PATH (default /opt/rocm)."""
-    if found := shutil.which("ld.lld"):
-        return found
+    """The path of an `ld.lld` that can link AMDGPU objects (LLVM 15 or newer, for code object v5): the newest
+    versioned one on PATH (e.g. `ld.lld-16`), a plain `ld.lld`, or ROCm's own under $ROCM_PATH (default /opt/rocm)."""
     versioned: list[tuple[int, str]] = []
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         for path in glob.glob(os.path.join(folder, "ld.lld-*")):
             if (m := re.fullmatch(r"ld\.lld-(\d+)", os.path.basename(path))) and os.access(path, os.X_OK):
                 versioned.append((int(m.group(1)), path))
-    if versioned:
-        return max(versioned)[1]
+    candidates = [path for _, path in sorted(versioned, reverse=True)]
+    candidates += [p for p in (shutil.which("ld.lld"),) if p]
     rocm = os.path.join(os.environ.get("ROCM_PATH", "/opt/rocm"), "llvm", "bin", "ld.lld")
-    return rocm if os.access(rocm, os.X_OK) else None
+    candidates += [rocm] if os.access(rocm, os.X_OK) else []
+    return next((path for path in candidates if _lld_major(path) >= MIN_LLD_MAJOR), None)
+
+
+# code object v5 needs an lld from LLVM 15 on (older ones stop at "unknown abi version")
+MIN_LLD_MAJOR = 15
+
+
+def _lld_major(path: str) -> int:
+    """The LLVM major version of the `ld.lld` at `path` (0 when it can't be told)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"LLD (\d+)", out)
+    return int(m.group(1)) if m else 0
 
 
 class AMDGPUCompiler(Compiler):
