@@ -15,6 +15,7 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lazygrad_scheduler.buffers import new_buffer
@@ -169,19 +170,22 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
 NOT_ZERO_AT_ZERO = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
 
 
-def _changes_zero(u: UOp) -> bool:
-    """True when `u`, computed from inputs that read 0, may not be 0: a PAD over it can't be pushed to its loads."""
+def _fused_nodes(u: UOp, stop: set[UOp] | frozenset[UOp] = frozenset()) -> Iterator[UOp]:
+    """`u` and the nodes under it that a kernel computing `u` computes too: down to, not into, leaves and `stop`."""
     stack, seen = [u], set()
     while stack:
         n = stack.pop()
-        if n in seen or is_leaf(n):
+        if n in seen or is_leaf(n) or (n in stop and n is not u):
             continue
         seen.add(n)
-        # constants are padded like loads (masked to 0), so where/compare/... of zeros stay 0; these don't
-        if n.op in NOT_ZERO_AT_ZERO:
-            return True
+        yield n
         stack.extend(n.src)
-    return False
+
+
+def _changes_zero(u: UOp) -> bool:
+    """True when `u`, computed from inputs that read 0, may not be 0: a PAD over it can't be pushed to its loads."""
+    # constants are padded like loads (masked to 0), so where/compare/... of zeros stay 0; these don't
+    return any(n.op in NOT_ZERO_AT_ZERO for n in _fused_nodes(u))
 
 
 def _reads_target_elsewhere(assign: UOp) -> bool:
@@ -224,16 +228,8 @@ def _bytes_read(node: UOp, group: _Group) -> int:
 
 
 def _has_reduce(u: UOp, realized: set[UOp]) -> bool:
-    stack, seen = [u], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or is_leaf(n) or (n in realized and n is not u):
-            continue
-        seen.add(n)
-        if n.op is Ops.REDUCE_AXIS:
-            return True
-        stack.extend(n.src)
-    return False
+    """True when computing `u` in a kernel would include a reduction."""
+    return any(n.op is Ops.REDUCE_AXIS for n in _fused_nodes(u, realized))
 
 
 def output_root(o: UOp) -> UOp:
