@@ -105,3 +105,24 @@ def test_debug2_reports_peak_memory() -> None:
     assert out.returncode == 0, out.stderr
     assert re.search(r"\*\*\* CPU .* mem +[\d.]+ MB", out.stdout), out.stdout
     assert re.search(r"peak memory CPU [\d.]+ MB", out.stdout), out.stdout
+
+
+def test_dropped_tensors_return_their_memory_without_the_cycle_collector() -> None:
+    """Reference counting alone gives a realized tensor's buffer back when the tensor goes: a training loop must not
+    hold every step's buffers until Python's cycle collector happens to run."""
+    import gc
+
+    x_np = np.random.default_rng(0).standard_normal(N).astype(np.float32)
+    x = Tensor(x_np).realize()
+    gc.collect()
+    gc.disable()
+    try:
+        before = MemoryUse.used.get("CPU", 0)
+        for _ in range(3):
+            y = (x * 2 + 1).realize()
+            z = (y * y).sum()
+            np.testing.assert_allclose(z.item(), ((x_np * 2 + 1) ** 2).sum(), rtol=1e-4)
+            del y, z
+        assert MemoryUse.used.get("CPU", 0) - before < ACT, "dropped tensors still hold their buffers"
+    finally:
+        gc.enable()

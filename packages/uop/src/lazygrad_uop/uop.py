@@ -6,7 +6,7 @@ import functools
 import math
 import struct
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from typing import Any, ClassVar, Union
 
 from lazygrad_uop.dtype import ConstType, DType, dtypes
@@ -42,6 +42,30 @@ class _UOpInterner(type):
         node = super().__call__(op, dtype, src, arg)
         _UOpInterner.cache[key] = node
         return node
+
+
+class Toposort(Set["UOp"]):
+    """The nodes of a graph in dependency order, its root last: iterate, `len`, `in`, `reversed`, set operations.
+    Built on the root's cached list of the nodes under it, so making one is cheap."""
+
+    __slots__ = ("_below", "_root")
+
+    def __init__(self, root: UOp) -> None:
+        self._root, self._below = root, root._below
+
+    def __contains__(self, node: object) -> bool:
+        return node is self._root or node in self._below
+
+    def __iter__(self) -> Iterator[UOp]:
+        yield from self._below
+        yield self._root
+
+    def __reversed__(self) -> Iterator[UOp]:
+        yield self._root
+        yield from reversed(self._below)
+
+    def __len__(self) -> int:
+        return len(self._below) + 1
 
 
 class UOp(metaclass=_UOpInterner):
@@ -84,10 +108,11 @@ class UOp(metaclass=_UOpInterner):
         return UOp(*new)
 
     @functools.cached_property
-    def toposort(self) -> dict[UOp, None]:
-        """Every node of the graph under this one, each after all of its sources (an ordered set)."""
+    def _below(self) -> dict[UOp, None]:
+        # every node under this one, sources first, without this one: caching a dict that held the node itself
+        # would make a reference cycle, so a node (and a buffer it keeps alive) would wait for the cycle collector
         order: dict[UOp, None] = {}
-        stack: list[tuple[UOp, bool]] = [(self, False)]
+        stack: list[tuple[UOp, bool]] = [(s, False) for s in reversed(self.src)]
         while stack:
             node, expanded = stack.pop()
             if node in order:
@@ -98,6 +123,11 @@ class UOp(metaclass=_UOpInterner):
                 stack.append((node, True))
                 stack.extend((s, False) for s in reversed(node.src) if s not in order)
         return order
+
+    @property
+    def toposort(self) -> Toposort:
+        """Every node of the graph under this one, each after all of its sources (an ordered set, this node last)."""
+        return Toposort(self)
 
     def parents(self) -> dict[UOp, list[UOp]]:
         """For every node under this one, the nodes that use it as a source."""
