@@ -27,6 +27,7 @@ from lazygrad_codegen import search as search_module
 from lazygrad_codegen.heuristic import hand_coded_optimizations
 from lazygrad_codegen.search import _close, _compile_all, _fork_pool, beam_search, search_key
 from lazygrad_uop.config import Context
+from lazygrad_uop.diskcache import diskcache_get
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 
@@ -125,6 +126,18 @@ def test_beam_search_on_the_cpu_is_correct_and_cached(cache_dir, monkeypatch) ->
         assert get_program(case.ast, device.renderer).opts == spec.opts
     with Context(BEAM=2), pytest.raises(AssertionError, match="from the cache"):
         get_program(case.ast, device.renderer)  # another beam width is another search
+
+
+def test_a_search_stopped_by_its_time_limit_is_not_cached(cache_dir) -> None:
+    device = cpu_device()
+    case = matmul(32, 32, 32)
+    k = Kernel(case.ast, device.renderer)
+    best = beam_search(k, 2, timeout_s=0)  # the limit is reached before the first round
+    out, _ = run_device(case.ast, device, list(best.applied_opts), case.inputs)
+    check(case, out, f"opts of the cut-short search {best.applied_opts}")
+    assert diskcache_get("beam_search", search_key(k, 2)) is None, "a cut-short search must be searched again"
+    full = beam_search(k.copy(), 2, timeout_s=60)
+    assert diskcache_get("beam_search", search_key(k, 2)) == tuple(full.applied_opts)
 
 
 def test_candidates_with_wrong_results_are_dropped(cache_dir, monkeypatch) -> None:

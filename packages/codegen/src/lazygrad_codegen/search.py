@@ -231,12 +231,16 @@ def beam_search(k: Kernel, width: int, timeout_s: float | None = None) -> Kernel
         device: CompiledDevice = Device[k.renderer.device]
     except Exception as exc:  # any failure to open the device means it can't time candidates
         raise SearchError(f"BEAM needs the device {k.renderer.device!r} to time kernels on: {exc}") from exc
-    best = _search(k, width, device, BEAM_TIMEOUT.value if timeout_s is None else timeout_s)
-    diskcache_put("beam_search", key, tuple(best.applied_opts))
+    best, converged = _search(k, width, device, BEAM_TIMEOUT.value if timeout_s is None else timeout_s)
+    # a search cut short by its time limit is used now but not remembered: caching it would pin this kernel to
+    # whatever the first rounds found (often only the heuristics' choice) on every later run
+    if converged:
+        diskcache_put("beam_search", key, tuple(best.applied_opts))
     return best
 
 
-def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> Kernel:
+def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> tuple[Kernel, bool]:
+    """The fastest kernel found, and whether the search ran to its end (False: the time limit stopped it)."""
     from lazygrad_codegen.heuristic import hand_coded_optimizations
 
     start = time.perf_counter()
@@ -267,14 +271,14 @@ def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> 
                     candidates.setdefault(tuple(new.applied_opts), new)
             timed = _evaluate(candidates, device, bench, reference, seen, pool, best_time)
             if not timed:
-                break
+                return best, True
             if DEBUG >= 2:
                 print(f"BEAM: {len(timed)} candidates, best {timed[0][1] * 1e6:.1f} us {timed[0][0].applied_opts}")
             if timed[0][1] >= best_time or not _confirm(timed[0][0], best, device, bench):
-                break
+                return best, True
             best, best_time = timed[0]
             beam = timed[:width]
-        return best
+        return best, False
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
