@@ -1,5 +1,6 @@
 """Compiling amdgcn LLVM IR to AMDGPU code objects with llvmlite: parse, optimise for the target GPU, emit an ELF
-object, and link it with `ld.lld` into the shared object that the HIP runtime loads.
+object, and link it with `ld.lld` into the shared object that the HIP runtime loads; and reading a code object's
+kernel metadata back (`code_object_kernels`), which says where each kernel argument goes.
 
 llvmlite's LLVM must have been built with the AMDGPU target (the wheels on the package index are). Without `ld.lld`
 the compiler can still emit the relocatable object (`link=False`), which is enough to check that a kernel compiles;
@@ -12,9 +13,12 @@ import glob
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import llvmlite.binding as llvm
 
@@ -141,3 +145,122 @@ def link(obj: bytes, ld_lld: str) -> bytes:
             raise CompileError(f"{ld_lld} could not link the AMDGPU object:\n{done.stderr.strip()}")
         with open(out, "rb") as f:
             return f.read()
+
+
+# *** reading code objects ***
+
+# the ELF note that holds a code object's metadata (a MessagePack map), owned by "AMDGPU"
+NT_AMDGPU_METADATA = 32
+_SHT_NOTE = 7
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One explicit argument of a kernel: where it goes in the kernarg segment and what it is (`kind` is the
+    metadata's value kind: "global_buffer" for a buffer's address, "by_value" for a number)."""
+
+    name: str
+    offset: int
+    size: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What a code object's metadata says about one kernel: its explicit arguments in parameter order, the size and
+    alignment of its whole kernarg segment (hidden arguments the runtime fills included), its wave size, the largest
+    work-group it may be launched with, and its static local (LDS) and private memory per group and per item."""
+
+    name: str
+    args: tuple[KernelArg, ...]
+    kernarg_size: int
+    kernarg_align: int
+    wavefront_size: int
+    max_workgroup_size: int
+    group_segment_size: int
+    private_segment_size: int
+
+
+def code_object_kernels(lib: bytes) -> dict[str, KernelInfo]:
+    """The kernels of the AMDGPU code object `lib` (a linked shared object or a relocatable object) by name, from
+    its NT_AMDGPU_METADATA note. Raises ValueError when `lib` is not an AMDGPU ELF file with that note."""
+    if lib[:4] != b"\x7fELF" or lib[4] != 2 or lib[5] != 1:
+        raise ValueError("not a little-endian 64-bit ELF file: AMDGPU code objects are")
+    (machine,) = struct.unpack_from("<H", lib, 18)
+    if machine != EM_AMDGPU:
+        raise ValueError(f"ELF machine {machine} is not AMDGPU ({EM_AMDGPU})")
+    (shoff,) = struct.unpack_from("<Q", lib, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", lib, 0x3A)
+    for i in range(shnum):
+        sh_type, _, _, offset, size = struct.unpack_from("<4xIQQQQ", lib, shoff + i * shentsize)
+        if sh_type != _SHT_NOTE:
+            continue
+        pos, end = offset, offset + size
+        while pos + 12 <= end:
+            namesz, descsz, note_type = struct.unpack_from("<III", lib, pos)
+            name_at = pos + 12
+            desc_at = name_at + (namesz + 3) // 4 * 4
+            owner = lib[name_at : name_at + namesz].rstrip(b"\0")
+            if note_type == NT_AMDGPU_METADATA and owner == b"AMDGPU":
+                metadata, _ = _unpack(lib[desc_at : desc_at + descsz], 0)
+                return {k[".name"]: _kernel_info(k) for k in metadata.get("amdhsa.kernels", [])}
+            pos = desc_at + (descsz + 3) // 4 * 4
+    raise ValueError("the ELF file has no AMDGPU metadata note (NT_AMDGPU_METADATA): not a code object v3 or newer")
+
+
+def _kernel_info(k: dict[str, Any]) -> KernelInfo:
+    explicit = [a for a in k.get(".args", []) if not str(a[".value_kind"]).startswith("hidden_")]
+    return KernelInfo(
+        name=k[".name"],
+        args=tuple(KernelArg(a.get(".name", ""), a[".offset"], a[".size"], a[".value_kind"]) for a in explicit),
+        kernarg_size=k[".kernarg_segment_size"],
+        kernarg_align=k[".kernarg_segment_align"],
+        wavefront_size=k[".wavefront_size"],
+        max_workgroup_size=k[".max_flat_workgroup_size"],
+        group_segment_size=k[".group_segment_fixed_size"],
+        private_segment_size=k[".private_segment_fixed_size"],
+    )
+
+
+# MessagePack, the subset code object metadata uses: maps, arrays, strings, ints, bools, nil (and floats, binary)
+_FIXED = {0xC0: None, 0xC2: False, 0xC3: True}
+_SCALARS = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q"}
+_SCALARS.update({0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"})
+# type byte -> (what, width of its length field)
+_SIZED = {0xC4: ("bin", 1), 0xC5: ("bin", 2), 0xC6: ("bin", 4), 0xD9: ("str", 1), 0xDA: ("str", 2)}
+_SIZED.update({0xDB: ("str", 4), 0xDC: ("array", 2), 0xDD: ("array", 4), 0xDE: ("map", 2), 0xDF: ("map", 4)})
+_LENGTH = {1: ">B", 2: ">H", 4: ">I"}
+
+
+def _unpack(buf: bytes, pos: int) -> tuple[Any, int]:
+    """The MessagePack value at `pos` of `buf`, and the position after it."""
+    t = buf[pos]
+    pos += 1
+    if t <= 0x7F:
+        return t, pos
+    if t >= 0xE0:
+        return t - 0x100, pos
+    if t in _FIXED:
+        return _FIXED[t], pos
+    if t in _SCALARS:
+        return struct.unpack_from(_SCALARS[t], buf, pos)[0], pos + struct.calcsize(_SCALARS[t])
+    if 0x80 <= t <= 0x8F:
+        kind, n = "map", t & 0x0F
+    elif 0x90 <= t <= 0x9F:
+        kind, n = "array", t & 0x0F
+    elif 0xA0 <= t <= 0xBF:
+        kind, n = "str", t & 0x1F
+    elif t in _SIZED:
+        kind, width = _SIZED[t]
+        (n,) = struct.unpack_from(_LENGTH[width], buf, pos)
+        pos += width
+    else:
+        raise ValueError(f"MessagePack type byte 0x{t:02x} at {pos - 1} is not one code object metadata uses")
+    if kind in ("str", "bin"):
+        raw = buf[pos : pos + n]
+        return (raw.decode() if kind == "str" else raw), pos + n
+    items = []
+    for _ in range(2 * n if kind == "map" else n):
+        item, pos = _unpack(buf, pos)
+        items.append(item)
+    return (dict(zip(items[::2], items[1::2], strict=True)) if kind == "map" else items), pos

@@ -12,7 +12,12 @@ What differs from the CPU's IR, and why:
 - local memory (`DEFINE_LOCAL`) is a module-level array in the local address space (3), a `BARRIER` is
   `s_barrier` between workgroup-scope release and acquire fences;
 - double-precision exp2, log2 and sin have no AMDGPU instructions and no library to call: they are
-  `lazygrad_amd.amdgpu_math`'s IR functions.
+  `lazygrad_amd.amdgpu_math`'s IR functions;
+- a `WMMA` (tensor core) is one call of the matrix intrinsic its description names: RDNA 3's
+  `llvm.amdgcn.wmma.f32.16x16x16.{f16,bf16}` (wave32) or CDNA's `llvm.amdgcn.mfma.f32.16x16x16{f16,bf16.1k}`
+  (wave64). The operand vectors' lanes are the instruction's registers in order, which is what the descriptions in
+  `lazygrad_amd.tensor_cores` lay out, so the values pass straight through. bfloat16 operands are their bits
+  (`i16`), as the intrinsics take them.
 """
 
 from __future__ import annotations
@@ -21,19 +26,33 @@ import math
 from typing import ClassVar
 
 from lazygrad_amd import amdgpu_math
+from lazygrad_amd.tensor_cores import TENSOR_CORES
 from lazygrad_codegen.cstyle import kernel_function_name
 from lazygrad_codegen.llvmir import LLVMFunction, LLVMRenderer, ltype, mtype
+from lazygrad_codegen.tensor_cores import wmma_arg
+from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 _AXES = "xyz"
 _F64_MATH = {Ops.EXP2: amdgpu_math.EXP2, Ops.LOG2: amdgpu_math.LOG2, Ops.SIN: amdgpu_math.SIN}
+# The LLVM intrinsic of each matrix instruction a description names (its `opts[0]`), and the constant operands that
+# follow A, B and C. LLVM completes the overload suffix of the WMMA names from the operand types. MFMA's three
+# trailing operands (CBSZ, ABID, BLGP) broadcast blocks of A and B between lanes: 0 is the plain product.
+_MATRIX_INTRINSICS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "v_wmma_f32_16x16x16_f16": ("llvm.amdgcn.wmma.f32.16x16x16.f16", ()),
+    "v_wmma_f32_16x16x16_bf16": ("llvm.amdgcn.wmma.f32.16x16x16.bf16", ()),
+    "v_mfma_f32_16x16x16f16": ("llvm.amdgcn.mfma.f32.16x16x16f16", (("i32", "0"),) * 3),
+    "v_mfma_f32_16x16x16bf16_1k": ("llvm.amdgcn.mfma.f32.16x16x16bf16.1k", (("i32", "0"),) * 3),
+}
 
 
 class AMDGPUFunction(LLVMFunction):
     """One amdgcn kernel being rendered: global buffer parameters, private-memory accumulators, hardware ids, and
     the double-precision math functions it calls."""
+
+    renderer: AMDGPURenderer
 
     def __init__(self, renderer: AMDGPURenderer, uops: list[UOp]) -> None:
         super().__init__(renderer, uops)
@@ -66,6 +85,10 @@ class AMDGPUFunction(LLVMFunction):
             self.emit("call void @llvm.amdgcn.s.barrier()")
             self.emit('fence syncscope("workgroup") acquire')
             self.declares.add("declare void @llvm.amdgcn.s.barrier()")
+        elif u.op is Ops.WMMA:
+            intrinsic, constants = self.renderer.matrix_intrinsic(u.arg)
+            operands = [(ltype(s.dtype), self.get(s)) for s in u.src]
+            self.val[u] = self.call(ltype(u.dtype), intrinsic, [*operands, *constants])
         else:
             super().render_uop(u)
 
@@ -109,6 +132,22 @@ class AMDGPURenderer(LLVMRenderer):
 
     def __init__(self, arch: str = "gfx1100") -> None:
         self.arch = arch
+        # the matrix instructions of this target, which codegen's heuristics then use for fitting matmuls
+        self.tensor_cores: tuple[TensorCore, ...] = TENSOR_CORES.get(arch, ())
+
+    def matrix_intrinsic(self, arg: tuple) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The LLVM intrinsic that runs the WMMA UOp with `arg` on this target, and the constant (type, value)
+        operands it takes after A, B and C. Raises NotImplementedError for a tensor core this target lacks: the
+        description must be one of the target's in `TENSOR_CORES`, whose layouts are what its instructions expect."""
+        own = TENSOR_CORES.get(self.arch, ())
+        tc = next((tc for tc in own if wmma_arg(tc) == tuple(arg)), None)
+        if tc is None or not tc.opts or tc.opts[0] not in _MATRIX_INTRINSICS:
+            have = ", ".join(tc.opts[0] for tc in own if tc.opts) or "none"
+            raise NotImplementedError(
+                f"{self.arch} has no matrix instruction for the tensor core {arg[0]} with this layout (its tensor "
+                f"cores: {have}); use the descriptions of lazygrad_amd.tensor_cores.TENSOR_CORES[{self.arch!r}]"
+            )
+        return _MATRIX_INTRINSICS[tc.opts[0]]
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """`gidxN` is the work-group id, `lidxN` the work-item id within the group, in dimension N."""

@@ -1,15 +1,22 @@
 """The HIP device: AMD GPUs through ROCm's HIP runtime (`libamdhip64`, called with ctypes), running the code objects
 that `AMDGPUCompiler` links from `AMDGPURenderer`'s LLVM IR.
 
-Memory is `hipMalloc`ed; copies are synchronous `hipMemcpy`s; a kernel is loaded with `hipModuleLoadData` and
-launched with `hipModuleLaunchKernel` on the null stream, with its arguments passed one pointer each (HIP lays
-them out from the code object's metadata), and timed with HIP events.
+Memory is `hipMalloc`ed; copies are synchronous `hipMemcpy`s (they also wait for the kernels queued before them on the
+null stream, and the host memory they read may be freed as soon as they return). A kernel is loaded with
+`hipModuleLoadData` and launched with `hipModuleLaunchKernel` on the null stream; its arguments go as one kernarg
+buffer (`extra`: HIP_LAUNCH_PARAM_BUFFER_POINTER, _SIZE, _END) packed at the offsets the code object's metadata gives
+each explicit argument (`code_object_kernels`), which also says how big a work-group the kernel may run. HIP fills the
+hidden arguments itself. With `wait`, a launch is timed between two HIP events.
+
+Every function is called through the C signature `HIP_PROTOTYPES` declares for it, so ctypes converts each argument to
+the type HIP's header gives it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -18,12 +25,40 @@ from typing import Any
 
 import numpy as np
 
-from lazygrad_amd.amdgpu_compiler import AMDGPUCompiler
+from lazygrad_amd.amdgpu_compiler import AMDGPUCompiler, KernelInfo, code_object_kernels
 from lazygrad_amd.amdgpu_renderer import AMDGPURenderer
 from lazygrad_uop.device import BufferSpec, CompiledDevice, LRUAllocator, Program, Renderer
 
-_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
+_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2  # hipMemcpyKind
 _OUT_OF_MEMORY = 2  # hipErrorOutOfMemory
+# the markers of hipModuleLaunchKernel's `extra` array (HIP_LAUNCH_PARAM_BUFFER_POINTER, _BUFFER_SIZE, _END)
+LAUNCH_PARAM_BUFFER_POINTER, LAUNCH_PARAM_BUFFER_SIZE, LAUNCH_PARAM_END = 1, 2, 3
+
+_err, _int, _uint, _size, _ptr = ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p
+_out_ptr = ctypes.POINTER(ctypes.c_void_p)  # void** (hipMalloc, handles returned through a pointer, arrays)
+# name -> (return type, argument types), as hip_runtime_api.h declares them (hipError_t and the enums are C ints)
+HIP_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "hipGetErrorString": (ctypes.c_char_p, (_err,)),
+    "hipGetDeviceCount": (_err, (ctypes.POINTER(ctypes.c_int),)),
+    "hipGetDeviceProperties": (_err, (_ptr, _int)),
+    "hipSetDevice": (_err, (_int,)),
+    "hipDeviceSynchronize": (_err, ()),
+    "hipMalloc": (_err, (_out_ptr, _size)),
+    "hipFree": (_err, (_ptr,)),
+    "hipMemcpy": (_err, (_ptr, _ptr, _size, _int)),
+    "hipModuleLoadData": (_err, (_out_ptr, _ptr)),
+    "hipModuleGetFunction": (_err, (_out_ptr, _ptr, ctypes.c_char_p)),
+    "hipModuleUnload": (_err, (_ptr,)),
+    # f, grid x y z (work-groups), block x y z (work-items), dynamic LDS bytes, stream, kernelParams, extra
+    "hipModuleLaunchKernel": (_err, (_ptr, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _ptr, _out_ptr, _out_ptr)),
+    "hipEventCreate": (_err, (_out_ptr,)),
+    "hipEventRecord": (_err, (_ptr, _ptr)),
+    "hipEventSynchronize": (_err, (_ptr,)),
+    "hipEventElapsedTime": (_err, (ctypes.POINTER(ctypes.c_float), _ptr, _ptr)),
+    "hipEventDestroy": (_err, (_ptr,)),
+}
+# ROCm 6 renamed the properties call for its new struct layout (the old name stays, for the old layout)
+_OPTIONAL_PROTOTYPES = {"hipGetDevicePropertiesR0600": (_err, (_ptr, _int))}
 
 
 class HIPError(RuntimeError):
@@ -31,8 +66,9 @@ class HIPError(RuntimeError):
 
 
 @cache
-def libhip() -> ctypes.CDLL:
-    """libamdhip64, from the library path or $ROCM_PATH/lib (default /opt/rocm/lib); raises OSError if absent."""
+def libhip() -> Any:
+    """libamdhip64, from the library path or $ROCM_PATH/lib (default /opt/rocm/lib), with the `HIP_PROTOTYPES`
+    signatures; raises OSError if absent or missing one of those functions."""
     candidates = [ctypes.util.find_library("amdhip64"), "libamdhip64.so"]
     candidates.append(os.path.join(os.environ.get("ROCM_PATH", "/opt/rocm"), "lib", "libamdhip64.so"))
     errors = []
@@ -42,15 +78,28 @@ def libhip() -> ctypes.CDLL:
         except OSError as exc:
             errors.append(str(exc))
             continue
-        lib.hipGetErrorString.restype = ctypes.c_char_p
+        declare(lib, HIP_PROTOTYPES, required=True)
+        declare(lib, _OPTIONAL_PROTOTYPES, required=False)
         return lib
     raise OSError("libamdhip64 not found (install ROCm's HIP runtime): " + "; ".join(errors))
+
+
+def declare(lib: Any, prototypes: dict[str, tuple[Any, tuple[Any, ...]]], required: bool) -> None:
+    """Give `lib`'s functions their C signatures; a missing function is an OSError when `required`."""
+    for name, (restype, argtypes) in prototypes.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            if required:
+                raise OSError(f"{lib} has no {name}: lazygrad needs the HIP runtime of ROCm 5 or newer") from None
+            continue
+        fn.restype, fn.argtypes = restype, argtypes
 
 
 def check(status: int, what: str) -> None:
     """Raise HIPError (MemoryError for out-of-memory) when `status` is not hipSuccess."""
     if status != 0:
-        text = libhip().hipGetErrorString(status).decode(errors="replace")
+        text = (libhip().hipGetErrorString(status) or b"unknown error").decode(errors="replace")
         raise (MemoryError if status == _OUT_OF_MEMORY else HIPError)(f"{what} failed: {text} (HIP error {status})")
 
 
@@ -62,7 +111,8 @@ def hip_reason() -> str | None:
         return str(exc)
     count = ctypes.c_int(0)
     if (status := lib.hipGetDeviceCount(ctypes.byref(count))) != 0:
-        return f"hipGetDeviceCount failed: {lib.hipGetErrorString(status).decode(errors='replace')}"
+        text = (lib.hipGetErrorString(status) or b"unknown error").decode(errors="replace")
+        return f"hipGetDeviceCount failed: {text} (HIP error {status})"
     return None if count.value > 0 else "HIP sees no GPU"
 
 
@@ -132,11 +182,44 @@ class HIPAllocator(LRUAllocator):
         return HIPBuffer(handle.addr + offset, size, handle.base or handle)
 
 
-def kernel_arguments(bufs: tuple[HIPBuffer, ...], vals: tuple[int, ...]) -> tuple[ctypes.Array, list[Any]]:
-    """hipModuleLaunchKernel's `kernelParams`: one pointer to each argument (buffer addresses, then int32 values),
-    and the ctypes objects they point to, which must live until the launch returns."""
-    values: list[Any] = [ctypes.c_void_p(b.addr) for b in bufs] + [ctypes.c_int32(int(v)) for v in vals]
-    return (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values)), values
+def pack_kernargs(info: KernelInfo, bufs: tuple[HIPBuffer, ...], vals: tuple[int, ...]) -> bytes:
+    """The explicit part of kernel `info`'s kernarg segment: each buffer's address and each variable's value at the
+    offset and in the size the code object's metadata gives its argument (buffers and numbers each in parameter
+    order), little-endian, the gaps zero. Raises ValueError when the arguments don't match the kernel's."""
+    kinds = [a.kind for a in info.args]
+    if (
+        kinds.count("global_buffer") != len(bufs)
+        or kinds.count("by_value") != len(vals)
+        or len(kinds) != len(bufs) + len(vals)
+    ):
+        raise ValueError(
+            f"kernel {info.name} takes {kinds.count('global_buffer')} buffers and {kinds.count('by_value')} values "
+            f"({', '.join(kinds) or 'no arguments'}), got {len(bufs)} buffers and {len(vals)} values"
+        )
+    out = bytearray(max((a.offset + a.size for a in info.args), default=0))
+    next_buf, next_val = iter(bufs), iter(vals)
+    for a in info.args:
+        if a.kind == "global_buffer":
+            if a.size != 8:
+                raise ValueError(f"argument {a.name} of {info.name} is a {a.size}-byte pointer, expected 8 bytes")
+            value = next(next_buf).addr
+        else:
+            value = int(next(next_val))
+        try:
+            out[a.offset : a.offset + a.size] = value.to_bytes(a.size, "little", signed=value < 0)
+        except OverflowError:
+            raise ValueError(f"argument {a.name} of {info.name} is {a.size} bytes, too few for {value}") from None
+    return bytes(out)
+
+
+def launch_extra(kernargs: bytes) -> tuple[ctypes.Array, list[Any]]:
+    """hipModuleLaunchKernel's `extra` array for the kernarg buffer `kernargs`, and the ctypes objects it points to,
+    which must live until the launch returns (HIP copies the buffer when it queues the kernel)."""
+    buffer = ctypes.create_string_buffer(kernargs, len(kernargs))
+    size = ctypes.c_size_t(len(kernargs))
+    markers = (LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer), LAUNCH_PARAM_BUFFER_SIZE)
+    extra = (ctypes.c_void_p * 5)(*markers, ctypes.addressof(size), LAUNCH_PARAM_END)
+    return extra, [buffer, size]
 
 
 class HIPProgram(Program):
@@ -147,8 +230,13 @@ class HIPProgram(Program):
 
     def __init__(self, name: str, lib: bytes) -> None:
         super().__init__(name, lib)
+        try:
+            self.info = code_object_kernels(lib)[name]
+        except (ValueError, KeyError) as exc:
+            raise HIPError(f"can't launch {name}: its code object has no metadata for it ({exc})") from None
         self.device.make_current()
-        hip = libhip()
+        # the library the module was loaded with unloads it, even from a finaliser
+        self.hip = hip = libhip()
         self.module = ctypes.c_void_p()
         check(hip.hipModuleLoadData(ctypes.byref(self.module), lib), f"hipModuleLoadData of {name}")
         self.function = ctypes.c_void_p()
@@ -163,34 +251,48 @@ class HIPProgram(Program):
         wait: bool = False,
     ) -> float | None:
         """Launch `global_size` work-groups of `local_size` work-items; with `wait`, return the kernel's run time."""
-        hip = libhip()
-        self.device.make_current()
         groups, items = [int(g) for g in global_size], [int(s) for s in local_size]
+        if math.prod(items) > self.info.max_workgroup_size:
+            raise ValueError(
+                f"{self.name} launched with work-groups of {items} work-items, but it was compiled for at most "
+                f"{self.info.max_workgroup_size}: launch it with the local size its program states"
+            )
+        if any(g * s >= 2**32 for g, s in zip(groups, items, strict=True)):
+            raise ValueError(
+                f"{self.name}: HIP launches fewer than 2**32 work-items per dimension, got {groups} x {items}"
+            )
         if 0 in groups:
             return 0.0 if wait else None
-        params, keep = kernel_arguments(bufs, vals)
-        start, end = (ctypes.c_void_p(), ctypes.c_void_p()) if wait else (None, None)
-        if wait:
-            check(hip.hipEventCreate(ctypes.byref(start)), "hipEventCreate")
-            check(hip.hipEventCreate(ctypes.byref(end)), "hipEventCreate")
-            check(hip.hipEventRecord(start, None), "hipEventRecord")
-        status = hip.hipModuleLaunchKernel(self.function, *groups, *items, 0, None, params, None)
-        del keep
-        check(status, f"hipModuleLaunchKernel of {self.name}")
-        if not wait:
-            return None
-        ms = ctypes.c_float()
-        check(hip.hipEventRecord(end, None), "hipEventRecord")
-        check(hip.hipEventSynchronize(end), "hipEventSynchronize")
-        check(hip.hipEventElapsedTime(ctypes.byref(ms), start, end), "hipEventElapsedTime")
-        hip.hipEventDestroy(start)
-        hip.hipEventDestroy(end)
-        return ms.value * 1e-3
+        # `_kept` holds the buffer and size that `extra` points to, alive until this call returns
+        extra, _kept = launch_extra(pack_kernargs(self.info, bufs, vals))
+        hip = self.hip
+        self.device.make_current()
+        events: list[ctypes.c_void_p] = []
+        try:
+            if wait:
+                for _ in range(2):
+                    events.append(ctypes.c_void_p())
+                    check(hip.hipEventCreate(ctypes.byref(events[-1])), "hipEventCreate")
+                check(hip.hipEventRecord(events[0], None), "hipEventRecord")
+            status = hip.hipModuleLaunchKernel(self.function, *groups, *items, 0, None, None, extra)
+            check(status, f"hipModuleLaunchKernel of {self.name}")
+            if not wait:
+                return None
+            ms = ctypes.c_float()
+            check(hip.hipEventRecord(events[1], None), "hipEventRecord")
+            check(hip.hipEventSynchronize(events[1]), "hipEventSynchronize")
+            check(hip.hipEventElapsedTime(ctypes.byref(ms), events[0], events[1]), "hipEventElapsedTime")
+            return ms.value * 1e-3
+        finally:
+            # events go even when a call failed; their status is ignored so that it can't hide that failure
+            for event in events:
+                if event.value:
+                    hip.hipEventDestroy(event)
 
     def __del__(self) -> None:
         module = getattr(self, "module", None)
         if module is not None and module.value:
-            libhip().hipModuleUnload(module)
+            self.hip.hipModuleUnload(module)
 
 
 class HIPDevice(CompiledDevice):
