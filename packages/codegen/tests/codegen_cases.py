@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from lazygrad_codegen import Kernel, KernelOptError, Opt, ProgramSpec, get_program
+from lazygrad_codegen.kernel_ast import const, load, reduce, sink, st, store
 from lazygrad_codegen.search import ACTIONS
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
@@ -21,42 +22,6 @@ from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker, View
 
 RNG = np.random.default_rng(11)
-
-
-# *** building kernel ASTs ***
-
-
-def st(*shape: Any) -> ShapeTracker:
-    return ShapeTracker.from_shape(shape)
-
-
-def strided(shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> ShapeTracker:
-    return ShapeTracker((View.create(shape, strides, offset),))
-
-
-def buf(slot: int, dtype: DType, size: int) -> UOp:
-    return UOp(Ops.DEFINE_GLOBAL, dtype.ptr(size), arg=slot)
-
-
-def load(slot: int, dtype: DType, view: ShapeTracker, size: int | None = None) -> UOp:
-    size = view.real_size() if size is None else size
-    return UOp(Ops.LOAD, dtype, (buf(slot, dtype, size), UOp(Ops.VIEW, arg=view)))
-
-
-def const(value: Any, dtype: DType, view: ShapeTracker) -> UOp:
-    return UOp(Ops.CONST, dtype, (UOp(Ops.VIEW, arg=view),), dtypes.as_const(value, dtype))
-
-
-def store(slot: int, value: UOp, view: ShapeTracker) -> UOp:
-    return UOp(Ops.STORE, dtypes.void, (buf(slot, value.dtype, view.real_size()), UOp(Ops.VIEW, arg=view), value))
-
-
-def reduce(x: UOp, op: Ops, axes: tuple[int, ...]) -> UOp:
-    return UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes))
-
-
-def sink(*stores: UOp) -> UOp:
-    return UOp(Ops.SINK, dtypes.void, stores)
 
 
 def f32(*shape: int) -> np.ndarray:

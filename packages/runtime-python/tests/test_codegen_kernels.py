@@ -2,43 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from lazygrad_python import PythonCompiler, PythonProgram, PythonRenderer
-from lazygrad_uop import DType, Ops, UOp, dtypes
+from lazygrad_uop import Ops, UOp, dtypes
 from lazygrad_uop.dtype import to_numpy_dtype
 
 codegen = pytest.importorskip("lazygrad_codegen")
 views = pytest.importorskip("lazygrad_uop.views")
 if not hasattr(codegen, "get_program"):
     pytest.skip("lazygrad_codegen has no get_program yet", allow_module_level=True)
+from lazygrad_codegen.kernel_ast import load, sink, st, store  # noqa: E402 - after the skip above
 
 RNG = np.random.default_rng(3)
-
-
-def st(*shape: Any) -> Any:
-    return views.ShapeTracker.from_shape(shape)
-
-
-def buf(slot: int, dtype: DType, size: int) -> UOp:
-    return UOp(Ops.DEFINE_GLOBAL, dtype.ptr(size), arg=slot)
-
-
-def load(slot: int, dtype: DType, view: Any, size: int | None = None) -> UOp:
-    size = view.real_size() if size is None else size
-    return UOp(Ops.LOAD, dtype, (buf(slot, dtype, size), UOp(Ops.VIEW, arg=view)))
-
-
-def store(slot: int, value: UOp, view: Any, size: int | None = None) -> UOp:
-    size = view.real_size() if size is None else size
-    return UOp(Ops.STORE, dtypes.void, (buf(slot, value.dtype, size), UOp(Ops.VIEW, arg=view), value))
-
-
-def sink(*stores: UOp) -> UOp:
-    return UOp(Ops.SINK, dtypes.void, stores)
 
 
 def run_ast(ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()) -> dict[int, np.ndarray]:
