@@ -6,6 +6,7 @@ import math
 
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp, eval_uop, sint
+from lazygrad_uop.views import span
 
 # A dim is an int, or a symbolic size: an expression of bound variables (`Variable("n", 1, 9).bind(4)`), which one
 # compiled kernel serves for every value of the variables.
@@ -100,7 +101,7 @@ def _infer(u: UOp) -> Shape | None:
         if len(arg) != len(s) or any(not 0 <= resolve(b) <= resolve(e) <= resolve(d) for d, (b, e) in zip(s, arg)):
             raise ShapeError(f"shrink {arg} needs one (start, end) with 0 <= start <= end <= size per axis of {s}")
         # built as ShapeTracker.shrink builds it, so the tensor graph's symbolic shapes are its views' shapes
-        return tuple(e if isinstance(b, int) and b == 0 else e - b for b, e in arg)
+        return tuple(span(b, e) for b, e in arg)
     if op is Ops.FLIP:
         if len(arg) != len(s):
             raise ShapeError(f"flip {arg} needs one bool per axis of {s}")

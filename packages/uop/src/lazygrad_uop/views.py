@@ -64,6 +64,17 @@ def _add(a: sint, b: sint) -> sint:
     return a + b
 
 
+def span(b: sint, e: sint) -> sint:
+    """The size of [b, e): an int whenever it folds to one, so (p, p + 1) at a symbolic p is a dim of size 1."""
+    if _is(b, 0):
+        return e
+    if _all_int((b, e)):
+        return e - b
+    size = e - b
+    folded = size.ssimplify()
+    return folded if isinstance(folded, int) else size
+
+
 def prod(xs: Iterable[sint]) -> sint:
     """The product of sizes: an int when all are ints, else a UOp."""
     out: sint = 1
@@ -308,7 +319,7 @@ class View:
         offset = self.offset
         for (b, _), st in zip(arg, self.strides, strict=True):
             offset = _add(offset, _mul(b, st))
-        shape = tuple(e if _is(b, 0) else e - b for b, e in arg)
+        shape = tuple(span(b, e) for b, e in arg)
         mask = None
         if self.mask is not None:
             mask = tuple((mb - b, me - b) for (mb, me), (b, _) in zip(self.mask, arg, strict=True))
@@ -347,7 +358,7 @@ class View:
         if not (
             _all_int(self.shape) and _all_int(new_shape) and _all_int(self.strides) and isinstance(self.offset, int)
         ):
-            return None
+            return self._reshape_around_symbolic_dims(new_shape)
         if self.empty:
             # a rank-0 shape has no dim to carry an empty mask
             return View.create(new_shape, mask=((0, 0),) * len(new_shape)) if new_shape else None
@@ -381,6 +392,58 @@ class View:
         out_strides, out_mask = [], []
         for s in new_shape:
             st, m = (0, (0, 1)) if s == 1 else next(it)
+            out_strides.append(st)
+            out_mask.append(m)
+        return View.create(new_shape, out_strides, offset, out_mask)
+
+    def _reshape_around_symbolic_dims(self, new_shape: tuple[sint, ...]) -> View | None:
+        """reshape for views with symbolic sizes, strides or offset, when every symbolic dim stays a dim of its own
+        (the same node, in the same order, size-1 dims aside): runs of int dims between them are reshaped as the
+        int views they are, the symbolic dims keep their strides and masks. Adding or removing size-1 dims, as a
+        matmul's broadcasting does, is the common case. None otherwise."""
+        if self.empty or any(_is(s, 1) and not _full(b, e, 1) for s, (b, e) in zip(self.shape, self._full_mask())):
+            return None  # a size-1 dim that is dropped must not carry validity
+        dims = zip(self.shape, self.strides, self._full_mask(), strict=True)
+        old = [(s, st, m) for s, st, m in dims if not _is(s, 1)]
+        new = [s for s in new_shape if not _is(s, 1)]
+        strides: list[sint] = []
+        mask: list[tuple[sint, sint]] = []
+        offset = self.offset
+        i = j = 0
+        while i < len(old) or j < len(new):
+            i1, j1 = i, j
+            while i1 < len(old) and isinstance(old[i1][0], int):
+                i1 += 1
+            while j1 < len(new) and isinstance(new[j1], int):
+                j1 += 1
+            run, run_new = old[i:i1], new[j:j1]
+            if [s for s, _, _ in run] == run_new:
+                strides.extend(st for _, st, _ in run)
+                mask.extend(m for _, _, m in run)
+            else:
+                ints = [x for s, st, m in run for x in (s, st, *m)]
+                if prod(s for s, _, _ in run) != prod(run_new) or not _all_int(ints):
+                    return None
+                part = View.create([s for s, _, _ in run], [st for _, st, _ in run], 0, [m for _, _, m in run])
+                part = part.reshape(run_new)
+                if part is None or part.empty:
+                    return None
+                strides.extend(part.strides)
+                mask.extend(part._full_mask())
+                offset = _add(offset, part.offset)
+            if i1 == len(old) and j1 == len(new):
+                break
+            # the symbolic dims that end both runs must be one dim
+            if i1 == len(old) or j1 == len(new) or not _same(old[i1][0], new[j1]):
+                return None
+            strides.append(old[i1][1])
+            mask.append(old[i1][2])
+            i, j = i1 + 1, j1 + 1
+        it = iter(zip(strides, mask, strict=True))
+        out_strides: list[sint] = []
+        out_mask: list[tuple[sint, sint]] = []
+        for s in new_shape:
+            st, m = (0, (0, 1)) if _is(s, 1) else next(it)
             out_strides.append(st)
             out_mask.append(m)
         return View.create(new_shape, out_strides, offset, out_mask)
