@@ -399,6 +399,47 @@ def test_symbolic_shapes_flow_through() -> None:
     assert t.contiguous and t.reshape((n * 3,)).contiguous
 
 
+@st.composite
+def symbolic_reshapes(draw: st.DrawFn) -> tuple[int, list[int], int, tuple[int, ...], list[tuple[int, int]], int]:
+    """A shape of int dims and one symbolic dim (at `at`), a permutation, a shrink of the int dims, and the value the
+    symbolic dim takes; the reshape afterwards keeps the symbolic dim whole and regroups the int dims around it."""
+    ints = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    at = draw(st.integers(0, len(ints)))
+    perm = tuple(draw(st.permutations(range(len(ints) + 1))))
+    shrink = [(b, draw(st.integers(b + 1, s))) for s in ints for b in [draw(st.integers(0, s - 1))]]
+    return at, ints, draw(st.integers(1, 5)), perm, shrink, draw(st.integers(0, 2**16))
+
+
+@PROPERTY
+@given(symbolic_reshapes(), st.data())
+def test_reshape_around_a_symbolic_dim_matches_the_int_view(case, data: st.DataObject) -> None:
+    """A view with a symbolic dim, permuted and shrunk, reshaped with the symbolic dim kept whole: it reads the
+    same elements as the same ops on the int view where the variable has its value."""
+    at, ints, value, perm, shrink, _ = case
+    n = UOp.variable("n", 1, 5)
+    trackers = []
+    for size in (n, value):
+        shape = (*ints[:at], size, *ints[at:])
+        arg = [*shrink[:at], (0, size), *shrink[at:]]
+        trackers.append(ShapeTracker.from_shape(shape).shrink(tuple(arg)).permute(perm))
+    sym, concrete = trackers
+    # the int runs between (and around) the symbolic dim, each reshaped on its own, size-1 dims added anywhere
+    pos = next(i for i, s in enumerate(sym.shape) if not isinstance(s, int))
+    before, after = concrete.shape[:pos], concrete.shape[pos + 1 :]
+    new_before = data.draw(reshape_target(math.prod(before))) if before else ()
+    new_after = data.draw(reshape_target(math.prod(after))) if after else ()
+    sym, concrete = sym.reshape((*new_before, n, *new_after)), concrete.reshape((*new_before, value, *new_after))
+    assert sym.shape[len(new_before)] is n
+    if value > 1:  # (at 1 the int view can merge more) the symbolic view stacks no more views than the int one
+        assert len(sym.views) <= len(concrete.views), (sym, concrete)
+    ref = mapping(concrete)
+    idxs = [UOp.range(value if s is n else s, d) for d, s in enumerate(sym.shape)]
+    idx, valid = sym.to_indexed_uops(idxs)
+    for coord in itertools.product(*(range(s) for s in ref.shape)):
+        env = {n: value, **dict(zip(idxs, coord, strict=True))}
+        assert (eval_uop(idx, env) if eval_uop(valid, env) else PAD) == ref[coord], coord
+
+
 # *** errors ***
 
 
