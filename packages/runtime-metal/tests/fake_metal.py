@@ -2,14 +2,20 @@
 with which arguments, ownership, waiting, indirect command buffers) runs on machines without a Mac.
 
 `FakeMetal.install(monkeypatch)` routes every `lazygrad_metal.objc.Message` to Python objects that follow Apple's
-documented behaviour for the calls the runtime makes: buffers are real host memory (so copies are real), command
-buffers complete when committed, and every call is recorded. Kernels are not executed: the MSL is only stored.
+documented behaviour for the calls the runtime makes: buffers are real host memory (so copies are real), and every
+call is recorded. The MSL is only stored; kernels run where a test registers a host implementation for their name
+(`FakeMetal.kernels`), and then only from indirect command buffers: a command buffer that executes one runs when it
+is waited for (until then its status says it is committed, as a GPU still busy would), its commands in order across
+barriers and in reverse between them (commands without a barrier may run concurrently), each only on buffers declared
+with `useResources:count:usage:`. Changing a command of an ICB that such a command buffer will still run fails the
+test, as it would race with the GPU. Other command buffers complete when committed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +28,10 @@ from lazygrad_metal import objc
 
 # ids are unique across fakes, so an object that outlives its fake can't be mistaken for another fake's
 _ids = itertools.count(0x1000, 0x10)
+
+
+# A host implementation of a kernel: (threadgroups, threads per group, buffer addresses, int values) -> None.
+HostKernel = Callable[[tuple[int, int, int], tuple[int, int, int], list[int], list[int]], None]
 
 
 @dataclass
@@ -41,6 +51,10 @@ class FakeMetal:
         self.calls: list[tuple[str, str, tuple[Any, ...]]] = []
         self.memory: dict[int, ctypes.Array] = {}
         self.fail_kernels: set[str] = set()
+        self.kernels: dict[str, tuple[int, int, HostKernel]] = {}  # name -> (buffers, int values, implementation)
+        self.pending: list[int] = []  # committed command buffers that run ICBs, not yet run
+        self.launched: list[str] = []  # names of the ICB commands run, in order
+        self.refuse: dict[str, str] = {}  # selector -> error text: the call returns nil with that NSError
         self.classes = {name: self.new(f"class {name}", refs=-1) for name in _CLASSES}
 
     def new(self, cls: str, refs: int = 1, **state: Any) -> int:
@@ -63,6 +77,11 @@ class FakeMetal:
                 raise objc.ObjCError(f"message {message.selector} sent to nil")
             obj = fake.objects[receiver]
             fake.calls.append((message.selector, receiver, args))
+            if message.selector in fake.refuse:
+                error = next((a for a in args if hasattr(a, "_obj")), None)
+                if error is not None:
+                    error._obj.value = fake.new("NSError", refs=0, text=fake.refuse[message.selector])
+                return None
             handler = _HANDLERS.get(message.selector)
             if handler is None:
                 raise AssertionError(f"the fake Metal doesn't know {message.selector} (sent to a {obj.cls})")
@@ -148,7 +167,7 @@ def _new_pipeline_desc(fake: FakeMetal, i: int, obj: Obj, desc: int, options: in
 
 
 def _command_buffer(fake: FakeMetal, i: int, obj: Obj) -> int:
-    return fake.new("MTLCommandBuffer", refs=0, status=0, kernels=[])
+    return fake.new("MTLCommandBuffer", refs=0, status=0, kernels=[], icb_runs=[])
 
 
 def _encoder(fake: FakeMetal, i: int, obj: Obj) -> int:
@@ -160,6 +179,8 @@ def _set_pipeline(fake: FakeMetal, i: int, obj: Obj, pipeline: int) -> None:
 
 
 def _dispatch(fake: FakeMetal, i: int, obj: Obj, groups: Any, threads: Any) -> None:
+    if groups.width * groups.height * groups.depth == 0:
+        return  # no threadgroups: nothing runs
     function = fake.objects[fake.objects[obj.state["pipeline"]].state["function"]]
     fake.objects[obj.state["cbuf"]].state["kernels"].append(function.state["name"])
 
@@ -175,11 +196,60 @@ def _execute_icb(fake: FakeMetal, i: int, obj: Obj, icb: int, rng: Any) -> None:
         assert fake.objects[pipeline].state["icb"], "an ICB command needs a pipeline made for indirect command buffers"
         function = fake.objects[fake.objects[pipeline].state["function"]]
         fake.objects[obj.state["cbuf"]].state["kernels"].append(function.state["name"])
+    resident = set(obj.state.get("resources", ()))
+    fake.objects[obj.state["cbuf"]].state["icb_runs"].append((icb, rng.location, rng.length, resident))
 
 
 def _commit(fake: FakeMetal, i: int, obj: Obj) -> None:
+    if obj.state["icb_runs"]:
+        obj.state["status"] = 2  # MTLCommandBufferStatusCommitted: it runs when waited for
+        fake.pending.append(i)
+        return
     failed = any(k in fake.fail_kernels for k in obj.state["kernels"])
     obj.state["status"] = metal_device.COMMAND_BUFFER_STATUS_ERROR if failed else 4
+
+
+def _wait(fake: FakeMetal, i: int, obj: Obj) -> None:
+    if i not in fake.pending:
+        return
+    # the queue runs command buffers in the order they were committed
+    k = fake.pending.index(i) + 1
+    ready, fake.pending = fake.pending[:k], fake.pending[k:]
+    for cbuf in ready:
+        state = fake.objects[cbuf].state
+        for icb, start, count, resident in state["icb_runs"]:
+            _run_commands(fake, fake.objects[icb].state["commands"][start : start + count], resident)
+        failed = any(name in fake.fail_kernels for name in state["kernels"])
+        state["status"] = metal_device.COMMAND_BUFFER_STATUS_ERROR if failed else 4
+
+
+def _run_commands(fake: FakeMetal, commands: list[int], resident: set[int]) -> None:
+    # A command with a barrier waits for every command before it; those between two barriers may run in any order,
+    # so they run in reverse here to make a missing barrier show.
+    groups: list[list[dict[str, Any]]] = []
+    for c in commands:
+        state = fake.objects[c].state
+        if state.get("barrier") or not groups:
+            groups.append([])
+        groups[-1].append(state)
+    for group in groups:
+        for state in reversed(group):
+            function = fake.objects[fake.objects[state["pipeline"]].state["function"]].state["name"]
+            fake.launched.append(function)
+            if function not in fake.kernels:
+                continue
+            nbufs, nvals, run = fake.kernels[function]
+            bound = state["bufs"]
+            assert sorted(bound) == list(range(nbufs + nvals)), f"{function} has bindings {sorted(bound)}"
+            for buf, _ in bound.values():
+                assert buf in resident, f"{function} uses buffer {buf:#x}, which useResources didn't declare"
+            addrs = [ctypes.addressof(fake.memory[buf]) + offset for buf, offset in (bound[j] for j in range(nbufs))]
+            vals = [
+                ctypes.c_int32.from_address(ctypes.addressof(fake.memory[buf]) + offset).value
+                for buf, offset in (bound[nbufs + j] for j in range(nvals))
+            ]
+            groups_, threads = state["dispatch"]
+            run(groups_, threads, addrs, vals)
 
 
 def _error(fake: FakeMetal, i: int, obj: Obj) -> int | None:
@@ -191,17 +261,39 @@ def _error(fake: FakeMetal, i: int, obj: Obj) -> int | None:
 def _new_icb(fake: FakeMetal, i: int, obj: Obj, desc: int, count: int, options: int) -> int:
     state = fake.objects[desc].state
     assert state["types"] == metal_graph.INDIRECT_COMMAND_TYPE_CONCURRENT_DISPATCH and not state["inherit_buffers"]
-    commands = [fake.new("MTLIndirectComputeCommand", refs=0, bufs={}) for _ in range(count)]
-    return fake.new("MTLIndirectCommandBuffer", commands=commands)
+    icb = fake.new("MTLIndirectCommandBuffer")
+    fake.objects[icb].state["commands"] = [fake.new("MTLIndirectComputeCommand", refs=0, icb=icb) for _ in range(count)]
+    for c in fake.objects[icb].state["commands"]:
+        fake.objects[c].state["bufs"] = {}
+    return icb
+
+
+def _command_change(handler: Any) -> Any:
+    """`handler` for a message that changes an ICB command, after checking no queued command buffer will run it."""
+
+    def change(fake: FakeMetal, i: int, obj: Obj, *args: Any) -> Any:
+        if obj.cls == "MTLIndirectComputeCommand":
+            icb = obj.state["icb"]
+            queued = [c for c in fake.pending if any(run[0] == icb for run in fake.objects[c].state["icb_runs"])]
+            assert not queued, "an ICB command changed while a committed command buffer will still run it"
+        return handler(fake, i, obj, *args)
+
+    return change
 
 
 def _icb_set_buffer(fake: FakeMetal, i: int, obj: Obj, buf: int, offset: int, index: int) -> None:
     obj.state["bufs"][index] = (buf, offset)
 
 
+def _icb_dispatch(fake: FakeMetal, i: int, obj: Obj, groups: Any, threads: Any) -> None:
+    size = lambda s: (s.width, s.height, s.depth)  # noqa: E731
+    obj.state["dispatch"] = (size(groups), size(threads))
+
+
 def _reset(fake: FakeMetal, i: int, obj: Obj) -> None:
+    icb = obj.state["icb"]
     obj.state.clear()
-    obj.state["bufs"] = {}
+    obj.state.update(bufs={}, icb=icb)
 
 
 def _setter(key: str) -> Any:
@@ -241,13 +333,13 @@ _HANDLERS: dict[str, Any] = {
     "maxTotalThreadsPerThreadgroup": lambda fake, i, obj: 1024,
     "commandBuffer": _command_buffer,
     "computeCommandEncoder": _encoder,
-    "setComputePipelineState:": _set_pipeline,
+    "setComputePipelineState:": _command_change(_set_pipeline),
     "setBuffer:offset:atIndex:": lambda fake, i, obj, buf, offset, index: None,
     "setBytes:length:atIndex:": lambda fake, i, obj, ptr, length, index: None,
     "dispatchThreadgroups:threadsPerThreadgroup:": _dispatch,
     "endEncoding": _end_encoding,
     "commit": _commit,
-    "waitUntilCompleted": lambda fake, i, obj: None,
+    "waitUntilCompleted": _wait,
     "status": _getter("status"),
     "error": _error,
     "GPUStartTime": lambda fake, i, obj: 100.0,
@@ -261,12 +353,10 @@ _HANDLERS: dict[str, Any] = {
     "setMaxKernelBufferBindCount:": _setter("max_buffers"),
     "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:": _new_icb,
     "indirectComputeCommandAtIndex:": lambda fake, i, obj, k: obj.state["commands"][k],
-    "reset": _reset,
-    "setKernelBuffer:offset:atIndex:": _icb_set_buffer,
-    "concurrentDispatchThreadgroups:threadsPerThreadgroup:": lambda fake, i, obj, g, t: obj.state.update(
-        dispatch=((g.width, g.height, g.depth), (t.width, t.height, t.depth))
-    ),
-    "setBarrier": lambda fake, i, obj: obj.state.update(barrier=True),
+    "reset": _command_change(_reset),
+    "setKernelBuffer:offset:atIndex:": _command_change(_icb_set_buffer),
+    "concurrentDispatchThreadgroups:threadsPerThreadgroup:": _command_change(_icb_dispatch),
+    "setBarrier": _command_change(lambda fake, i, obj: obj.state.update(barrier=True)),
     "useResources:count:usage:": lambda fake, i, obj, arr, n, usage: obj.state.update(resources=list(arr[:n])),
     "executeCommandsInBuffer:withRange:": _execute_icb,
 }

@@ -1,6 +1,6 @@
 """The METAL runtime's own logic on a stand-in for Metal (`fake_metal`), so it runs on any OS: the messages each
 operation sends and their arguments as Apple documents them, ownership (every object the runtime owns is released
-once), waiting before the CPU touches memory, error reporting, and the indirect command buffers of `MetalGraph`."""
+once), waiting before the CPU touches memory, error reporting. `MetalGraph` is tested in test_graph.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from fake_metal import FakeMetal
 
 from lazygrad_metal.device import MetalBuffer, MetalDevice, MetalError, gpu_family_target
-from lazygrad_metal.graph import VALUE_SLOT_BYTES, GraphLaunch
 from lazygrad_metal.plugin import all_tensor_cores
 from lazygrad_metal.renderer import MetalRenderer
 from lazygrad_uop.device import CompileError
@@ -153,47 +152,3 @@ def test_programs_release_what_they_own(fake, dev) -> None:
     del prg
     gc.collect()
     assert not fake.owned("MTLComputePipelineState") and not fake.owned("MTLFunction") and not fake.owned("MTLLibrary")
-
-
-def test_graph_encodes_each_launch_as_an_indirect_command(fake, dev) -> None:
-    first, second = program(dev, "first"), program(dev, "second")
-    x, y, z = (dev.allocator.alloc(64) for _ in range(3))
-    graph = dev.graph(
-        [
-            GraphLaunch(first, (y, x), (4, 1, 1), (16, 1, 1), vals=(3,)),
-            GraphLaunch(second, (z, dev.allocator._offset(y, 32, 32)), (2, 2, 1), vals=(9,)),
-        ]
-    )
-    (icb,) = fake.owned("MTLIndirectCommandBuffer")
-    c0, c1 = (fake.objects[c].state for c in fake.objects[icb].state["commands"])
-    vals_buf = graph.vals_buf
-    assert c0["bufs"] == {0: (y.buf, 0), 1: (x.buf, 0), 2: (vals_buf, 0)}
-    assert c1["bufs"] == {0: (z.buf, 0), 1: (y.buf, 32), 2: (vals_buf, VALUE_SLOT_BYTES)}
-    assert c0["dispatch"] == ((4, 1, 1), (16, 1, 1)) and c1["dispatch"] == ((2, 2, 1), (1, 1, 1))
-    assert c0["barrier"] and c1["barrier"]
-    values = np.frombuffer(bytes(fake.memory[vals_buf]), np.int32)[:: VALUE_SLOT_BYTES // 4][:2]
-    np.testing.assert_array_equal(values, [3, 9])
-
-    assert graph(wait=True) == pytest.approx(0.25)
-    ((_, resources, count, usage),) = fake.calls_to("useResources:count:usage:")
-    assert sorted(resources[:count]) == sorted({y.buf, x.buf, z.buf, vals_buf}) and usage == 3
-    (cbuf,) = [args[0] for args in fake.calls_to("commit")][-1:]
-    assert fake.objects[cbuf].state["kernels"] == ["first", "second"]
-
-    w = dev.allocator.alloc(64)
-    graph.update(bufs={0: (y, w)}, vals={1: (11,)})
-    assert c0["bufs"][1] == (w.buf, 0) and c0["barrier"]
-    assert np.frombuffer(bytes(fake.memory[vals_buf]), np.int32)[VALUE_SLOT_BYTES // 4] == 11
-    with pytest.raises(ValueError, match="takes 2 buffers and 1 values"):
-        graph.update(bufs={0: (y,)})
-    graph()
-    dev.synchronize()
-    del graph
-    gc.collect()
-    assert not fake.owned("MTLIndirectCommandBuffer") and not fake.owned("MTLCommandBuffer")
-    assert not fake.owned("MTLIndirectCommandBufferDescriptor") and not fake.owned("MTLComputePipelineDescriptor")
-
-
-def test_an_empty_graph_is_refused(fake, dev) -> None:
-    with pytest.raises(ValueError, match="at least one launch"):
-        dev.graph([])

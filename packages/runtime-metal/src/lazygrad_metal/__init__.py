@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "MetalRenderer": "lazygrad_metal.renderer",
@@ -21,7 +21,6 @@ _EXPORTS = {
     "MetalProgram": "lazygrad_metal.device",
     "MetalError": "lazygrad_metal.device",
     "MetalGraph": "lazygrad_metal.graph",
-    "GraphLaunch": "lazygrad_metal.graph",
 }
 
 __all__ = sorted(_EXPORTS)

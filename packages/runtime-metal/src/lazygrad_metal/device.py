@@ -38,6 +38,7 @@ RESOURCE_STORAGE_MODE_SHARED = 0
 COMMAND_BUFFER_STATUS_COMPLETED = 4
 COMMAND_BUFFER_STATUS_ERROR = 5
 GPU_FAMILY_APPLE1 = 1001  # MTLGPUFamilyAppleN is 1000 + N
+GPU_FAMILY_APPLE9 = 1009  # M3 and later
 MATH_MODE_SAFE = 0
 MATH_FLOATING_POINT_FUNCTIONS_PRECISE = 1
 
@@ -262,7 +263,8 @@ class MetalProgram(Program):
         return self.dev.track(cbuf, wait)
 
     def icb_pipeline(self) -> int:
-        """This kernel's pipeline made usable in indirect command buffers (made on first use)."""
+        """This kernel's pipeline made usable in indirect command buffers (made on first use); GraphError where Metal
+        can't make one."""
         if self._icb_pipeline is None:
             from lazygrad_metal.graph import new_icb_pipeline
 
@@ -276,8 +278,9 @@ class MetalProgram(Program):
 
 class MetalDevice(CompiledDevice):
     """An opened Apple GPU: its MTLDevice, a command queue, and the command buffers committed and not yet known to
-    be finished. Renders with the tensor cores of the newest GPU family it supports that has descriptions (`target`,
-    e.g. "apple7" for M1; None, and no tensor cores, on GPUs without simdgroup matrices)."""
+    be finished. Its graph type is `MetalGraph` (indirect command buffers), which the JIT replays kernels with.
+    Renders with the tensor cores of the newest GPU family it supports that has descriptions (`target`, e.g. "apple7"
+    for M1; None, and no tensor cores, on GPUs without simdgroup matrices)."""
 
     def __init__(self, name: str) -> None:
         from lazygrad_metal.graph import MetalGraph
@@ -292,10 +295,11 @@ class MetalDevice(CompiledDevice):
             raise ObjCError(f"{self.gpu_name} gave no command queue")
         self.in_flight: list[int] = []
         self.target = gpu_family_target(self.mtl, all_tensor_cores())
+        # whether MetalGraph must make its pipelines used before running an indirect command buffer (see there)
+        self.icb_pipelines_need_use = not SUPPORTS_FAMILY(self.mtl, GPU_FAMILY_APPLE9)
         renderer = MetalRenderer(metal_tensor_cores(self.target) if self.target is not None else ())
         program = type("MetalProgram", (MetalProgram,), {"dev": self, "__doc__": MetalProgram.__doc__})
-        graph = type("MetalGraph", (MetalGraph,), {"dev": self, "__doc__": MetalGraph.__doc__})
-        super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), program, graph)
+        super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), program, MetalGraph)
 
     def track(self, cbuf: int, wait: bool) -> float | None:
         """Take ownership of the committed command buffer `cbuf`; with `wait`, wait for it and return its GPU time.

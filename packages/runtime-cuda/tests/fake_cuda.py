@@ -1,0 +1,252 @@
+"""A stand-in for the CUDA driver, so the runtime's driver-API calls run without a GPU.
+
+Each call is first handed to the real `cuda.bindings.driver` function, which converts and checks every argument
+before it loads the driver library; on a machine without one, a call whose arguments it accepts ends with
+"driver library not found". Only then does the stand-in answer, with values of the types the real call returns, and
+with "device memory" that is host memory, so copies move real bytes.
+
+Kernels run where a test registers a host implementation for their name (`FakeDriver.kernels`): a launch runs it at
+once (the stand-in's stream is synchronous), and a graph keeps each kernel node's arguments as the driver does
+(copied when the node is added; the executable graph gets its own copy when instantiated, which
+`cuGraphExecKernelNodeSetParams` patches) and runs the nodes on `cuGraphLaunch` in an order their dependencies allow
+but that is otherwise the reverse of how they were added, so a graph missing a dependency computes the wrong thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from cuda.bindings import driver as real_driver
+from cuda.pathfinder import DynamicLibNotFoundError
+
+from lazygrad_cuda import allocator, device, errors, graph, program
+
+OK = real_driver.CUresult.CUDA_SUCCESS
+
+# A host implementation of a kernel: (grid, block, buffer addresses, int values) -> None.
+HostKernel = Callable[[tuple[int, int, int], tuple[int, int, int], list[int], list[int]], None]
+
+
+def driver_missing() -> bool:
+    """True where no CUDA driver library loads (the stand-in must not be used where one does)."""
+    try:
+        real_driver.cuInit(0)
+    except DynamicLibNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - any other failure means a driver library is there
+        return False
+    return False
+
+
+@dataclass
+class FakeKernel:
+    """The parameters a kernel takes (`nbufs` 64-bit addresses, then `nvals` 32-bit ints) and how it runs."""
+
+    nbufs: int
+    nvals: int
+    run: HostKernel | None = None
+
+
+@dataclass
+class Node:
+    """A kernel node as the stand-in keeps it: its dependencies and the arguments copied from its parameters."""
+
+    deps: list[int]
+    function: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bufs: list[int]
+    vals: list[int]
+
+
+@dataclass
+class Graphs:
+    """Graphs (node id -> node, in order of creation) and executable graphs (their own copies)."""
+
+    graphs: dict[int, dict[int, Node]] = field(default_factory=dict)
+    execs: dict[int, dict[int, Node]] = field(default_factory=dict)
+
+
+class FakeDriver:
+    """`cuda.bindings.driver` with every `cu*` function checked by the real one and answered from `answers`.
+
+    `param_shape` is (buffers, ints) of kernels with no entry in `kernels`: launches and graph nodes record their
+    decoded arguments in `kernel_args` while the argument memory is alive. `fail[name] = CUresult` makes the next
+    call of `name` fail with it.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+        self.memory: dict[int, ctypes.Array] = {}
+        self.handles = iter(range(0x1000, 0x100000))
+        self.fail: dict[str, Any] = {}
+        self.param_shape = (0, 0)
+        self.kernel_args: list[tuple[list[int], list[int]]] = []
+        self.kernels: dict[str, FakeKernel] = {}
+        self.function_names: dict[int, str] = {}
+        self.launched: list[str] = []  # names of the kernels run, in order
+        self.g = Graphs()
+        self._checking = False
+        d = real_driver
+        nothing: Callable[..., tuple] = lambda *args: ()  # noqa: E731
+        self.answers: dict[str, Callable[..., tuple]] = {
+            "cuInit": nothing,
+            "cuDeviceGetCount": lambda: (2,),
+            "cuDeviceGet": lambda ordinal: (d.CUdevice(ordinal),),
+            "cuDevicePrimaryCtxRetain": lambda dev: (d.CUcontext(0x100 + int(dev)),),
+            "cuDeviceGetAttribute": lambda attrib, dev: (
+                8 if attrib == d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR else 6,
+            ),
+            "cuDeviceCanAccessPeer": lambda a, b: (1,),
+            "cuStreamCreate": lambda flags: (d.CUstream(next(self.handles)),),
+            "cuEventCreate": lambda flags: (d.CUevent(next(self.handles)),),
+            "cuEventElapsedTime": lambda start, end: (1.5,),
+            "cuMemAlloc": lambda size: (d.CUdeviceptr(self._alloc(size)),),
+            "cuMemHostAlloc": lambda size, flags: (self._alloc(size),),
+            "cuMemFree": self._free,
+            "cuMemFreeHost": self._free,
+            "cuMemcpyHtoDAsync": lambda dst, src, n, stream: self._copy(dst, src, n),
+            "cuMemcpyDtoHAsync": lambda dst, src, n, stream: self._copy(dst, src, n),
+            "cuMemcpyDtoDAsync": lambda dst, src, n, stream: self._copy(dst, src, n),
+            "cuMemcpyPeerAsync": lambda dst, dctx, src, sctx, n, stream: self._copy(dst, src, n),
+            "cuModuleLoadData": lambda image: (d.CUmodule(next(self.handles)),),
+            "cuModuleGetFunction": self._get_function,
+            "cuLaunchKernel": self._launch,
+            "cuGraphCreate": self._graph_create,
+            "cuGraphAddKernelNode": self._add_node,
+            "cuGraphInstantiate": self._instantiate,
+            "cuGraphExecKernelNodeSetParams": self._set_params,
+            "cuGraphLaunch": self._graph_launch,
+            "cuGetErrorString": lambda err: (b"described by the stand-in driver",),
+        }
+        for name in (
+            "cuCtxSetCurrent cuCtxEnablePeerAccess cuEventRecord cuEventSynchronize cuEventDestroy cuStreamSynchronize "
+            "cuStreamWaitEvent cuModuleUnload cuGraphExecDestroy cuGraphDestroy"
+        ).split():
+            self.answers[name] = nothing
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(real_driver, name)
+        if not (name.startswith("cu") and callable(real)):
+            return real
+        answer = self.answers[name]
+
+        def call(*args: Any) -> tuple:
+            # A garbage-collected graph or program may call the driver from its __del__ while the real function is
+            # looking for the driver library, under that lookup's lock: such a nested call skips the real check.
+            if not self._checking:
+                self._checking = True
+                try:
+                    real(*args)
+                except DynamicLibNotFoundError:
+                    pass  # the arguments were accepted; only the library was missing
+                finally:
+                    self._checking = False
+            self.calls.append((name, args))
+            if (err := self.fail.pop(name, None)) is not None:
+                return (err, None)
+            return (OK, *answer(*args))
+
+        return call
+
+    def names(self) -> list[str]:
+        """The names of the calls made, in order."""
+        return [name for name, _ in self.calls]
+
+    def args_of(self, name: str) -> list[tuple]:
+        """The arguments of every call of `name`, in order."""
+        return [args for n, args in self.calls if n == name]
+
+    def _alloc(self, size: int) -> int:
+        mem = (ctypes.c_char * size)()
+        self.memory[ctypes.addressof(mem)] = mem
+        return ctypes.addressof(mem)
+
+    def _free(self, ptr: Any) -> tuple:
+        del self.memory[int(ptr)]
+        return ()
+
+    def _copy(self, dst: Any, src: Any, n: int) -> tuple:
+        ctypes.memmove(int(dst), int(src), n)
+        return ()
+
+    def _get_function(self, module: Any, name: bytes) -> tuple:
+        function = real_driver.CUfunction(next(self.handles))
+        self.function_names[int(function)] = name.decode()
+        return (function,)
+
+    def _decode(self, function: Any, address: int) -> tuple[list[int], list[int]]:
+        """The arguments behind a `void**` kernel-parameter array, recorded in `kernel_args`."""
+        kernel = self.kernels.get(self.function_names.get(int(function), ""))
+        nbufs, nvals = (kernel.nbufs, kernel.nvals) if kernel is not None else self.param_shape
+        ptrs = (ctypes.c_void_p * max(nbufs + nvals, 1)).from_address(address)
+        bufs = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(nbufs)]
+        vals = [ctypes.c_int32.from_address(ptrs[nbufs + i]).value for i in range(nvals)]
+        self.kernel_args.append((bufs, vals))
+        return bufs, vals
+
+    def _run(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], bufs, vals) -> None:
+        name = self.function_names.get(function, "")
+        self.launched.append(name)
+        if (kernel := self.kernels.get(name)) is not None and kernel.run is not None:
+            kernel.run(grid, block, bufs, vals)
+
+    def _launch(self, function: Any, gx, gy, gz, bx, by, bz, shared, stream, params, extra) -> tuple:
+        bufs, vals = self._decode(function, params)
+        self._run(int(function), (gx, gy, gz), (bx, by, bz), bufs, vals)
+        return ()
+
+    def _node(self, deps: list[Any], params: Any) -> Node:
+        bufs, vals = self._decode(params.func, params.kernelParams)
+        grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
+        block = (params.blockDimX, params.blockDimY, params.blockDimZ)
+        return Node([int(x) for x in deps], int(params.func), grid, block, bufs, vals)
+
+    def _graph_create(self, flags: int) -> tuple:
+        graph_ = real_driver.CUgraph(next(self.handles))
+        self.g.graphs[int(graph_)] = {}
+        return (graph_,)
+
+    def _add_node(self, graph_: Any, deps: list, n: int, params: Any) -> tuple:
+        nodes = self.g.graphs[int(graph_)]
+        assert n == len(deps) and all(int(x) in nodes for x in deps), "a dependency that is not a node of the graph"
+        node = real_driver.CUgraphNode(next(self.handles))
+        nodes[int(node)] = self._node(deps, params)
+        return (node,)
+
+    def _instantiate(self, graph_: Any, flags: int) -> tuple:
+        graph_exec = real_driver.CUgraphExec(next(self.handles))
+        nodes = self.g.graphs[int(graph_)]
+        self.g.execs[int(graph_exec)] = {k: Node(**vars(v)) for k, v in nodes.items()}
+        return (graph_exec,)
+
+    def _set_params(self, graph_exec: Any, node: Any, params: Any) -> tuple:
+        nodes = self.g.execs[int(graph_exec)]
+        old = nodes[int(node)]
+        nodes[int(node)] = self._node(old.deps, params)
+        return ()
+
+    def _graph_launch(self, graph_exec: Any, stream: Any) -> tuple:
+        nodes = self.g.execs[int(graph_exec)]
+        done: set[int] = set()
+        while len(done) < len(nodes):
+            # of the nodes whose dependencies have run, the one added last
+            ready = [k for k, v in nodes.items() if k not in done and all(d in done for d in v.deps)]
+            k = ready[-1]
+            v = nodes[k]
+            self._run(v.function, v.grid, v.block, v.bufs, v.vals)
+            done.add(k)
+        return ()
+
+
+def install(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    """Route the runtime's driver calls to a new stand-in (a fixture should `gc.collect()` before the monkeypatch
+    is undone, so that the objects of its test free their handles on this stand-in)."""
+    stand_in = FakeDriver()
+    for module in (allocator, device, errors, graph, program):
+        monkeypatch.setattr(module, "driver", stand_in)
+    return stand_in
