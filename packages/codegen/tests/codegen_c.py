@@ -34,8 +34,8 @@ class GridCRenderer(CStyleLanguage):
     type_map = CRenderer.type_map
     code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {"g": lambda d: f"grid{d}"}
 
-    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]]) -> str:
-        src = super().render_kernel(name, body, params)
+    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
+        src = super().render_kernel(name, body, params, uops)
         return src.replace(f"void {name}(", f"void {name}(int grid0, int grid1, int grid2, ", 1)
 
 

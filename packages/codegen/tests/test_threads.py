@@ -28,14 +28,15 @@ class ThreadedC(CRenderer):
     device = "TESTTHREADS"
     has_threads = True
 
-    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]]) -> str:
+    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
         opened = [i for i, line in enumerate(body) if line.strip().startswith("int core0 =")]
         if opened:
             (i,) = opened
             body = [*body[:i], "  for (int core0 = core_start; core0 < core_end; core0++) {", *body[i + 1 :], "  }"]
-        return super().render_kernel(name, body, [*params, ("core_start", dtypes.int32), ("core_end", dtypes.int32)])
+        extra = [("core_start", dtypes.int32), ("core_end", dtypes.int32)]
+        return super().render_kernel(name, body, [*params, *extra], uops)
 
-    def render_workitem(self, kind: str, dim: int) -> str:
+    def render_workitem(self, kind: str, dim: int, workgroup: tuple[int, int, int] | None) -> str:
         return "0"  # replaced by the loop above
 
 

@@ -177,7 +177,7 @@ def test_c_style_dialects_render_vectors_local_memory_and_barriers() -> None:
     src = get_program(row_reduce(Ops.ADD, 8, 64).ast, CudaLike(), opts).src
     assert "__shared__ float temp0[64];" in src  # 4 partial sums for each of 16 threads
     assert "__syncthreads();" in src
-    assert "*((float4*)((temp0+" in src  # the four partial sums of a thread stored as one float4
+    assert "*((float4*)(temp0+" in src  # the four partial sums of a thread stored as one float4
     assert "threadIdx.x" in src and "if (" in src  # only the first thread of each group stores the result
     with pytest.raises(NotImplementedError, match="no workgroup barrier"):
         get_program(row_reduce(Ops.ADD, 8, 64).ast, type("NoBarrier", (CudaLike,), {"barrier": ""})(), opts)

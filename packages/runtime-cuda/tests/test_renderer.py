@@ -64,11 +64,11 @@ def test_mma_sync(tmp_path: Path, dtype_in: DType, k: int) -> None:
 def test_wmma_outside_mma_sync_is_refused() -> None:
     arg = ("WMMA_8_8_4_half_float", (8, 8, 4), dtypes.float16, dtypes.float32, 32, (4, 2, 2), ())
     with pytest.raises(NotImplementedError, match="m16n8k16 and m16n8k8"):
-        R.render_wmma(arg)
+        R.render_wmma(UOp(Ops.WMMA, dtypes.float32.vec(2), (), arg))
     transposed = (MMA_M16N8K16_LAYOUT[1], MMA_M16N8K16_LAYOUT[0], MMA_M16N8K16_LAYOUT[2])
     arg = ("WMMA_8_16_16_half_float", (8, 16, 16), dtypes.float16, dtypes.float32, 32, (8, 4, 4), transposed)
     with pytest.raises(NotImplementedError, match="layout"):
-        R.render_wmma(arg)
+        R.render_wmma(UOp(Ops.WMMA, dtypes.float32.vec(4), (), arg))
 
 
 def _coordinate(layout: tuple, dim: str, thread: int, register: int) -> int:

@@ -286,3 +286,19 @@ def test_gated_load_and_store(msl) -> None:
     msl(MetalRenderer().render(uops))
     (res, _) = run_python(uops, np.full(8, 9, np.int32), np.arange(8, dtype=np.int32))
     np.testing.assert_array_equal(res, [0, 2, 4, 6, 8, -2, 9, -2])
+
+
+def test_float4_stores_into_threadgroup_memory(msl) -> None:
+    """A grouped row sum with 4 rows a thread: each thread stores its 4 partial sums into threadgroup memory as one
+    float4, through a pointer in the threadgroup address space; run with Metal's launch shape, against numpy."""
+    lazygrad = pytest.importorskip("lazygrad", reason="builds the kernel from a Tensor graph: needs the frontend")
+    from lazygrad_codegen import Opt, OptOps, get_program
+
+    (si,) = lazygrad.Tensor.empty(8, 64, device="PYTHON").sum(axis=1).schedule()
+    opts = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUPTOP, 0, 16)]
+    spec = get_program(si.ast, MetalRenderer(), opts)
+    assert "(*((threadgroup float4*)(temp0+" in spec.src and "(*((device float4*)(data0+" in spec.src
+    msl(spec.src)
+    x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    out, _ = run_python(spec.uops, np.zeros(8, np.float32), x, global_size=spec.global_size, local_size=spec.local_size)
+    np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-5)

@@ -1,16 +1,26 @@
 """The C-style renderer family: `CStyleLanguage`, the base that C, OpenCL, CUDA and Metal renderers specialise, and
 `CRenderer` for plain C (C99 with the GCC/Clang `_Float16` and `__bf16` extensions).
 
-A dialect differs from C in a few places, each a class attribute or a method to override: the kernel's prefix
-(`__kernel`, `extern "C" __global__`), buffer parameter qualifiers, how a hardware index is read
-(`code_for_workitem`), type names (`type_map`, `render_vector_type`), the expression of each op (`code_for_op`,
-e.g. math function names), constants, casts and bitcasts, vectors (`render_vectorize`, `render_gep`), local memory
-(`smem_prefix`) and barriers (`barrier`), tensor cores (`render_wmma`), and how the whole function is assembled
-(`render_kernel`).
+`CStyleLanguage.render` is the one walk over a linear program that every dialect shares: one statement a line, loops
+as `for` statements and `IF` as `if` blocks, accumulators as local variables, local memory declared at the top of the
+body, and values used once inlined into their user. A dialect says only how it differs from C, each a class attribute
+or a method to override:
 
-Vector loads and stores read and write consecutive elements through a pointer cast to the vector type
-(`*((float4*)(data0+i))`); codegen only emits them where the renderer allows (`supports_float4`: aligned 2 and 4
-element vectors; `vector_width`: any width up to it).
+- the kernel: `kernel_prefix` (`__kernel`, `extern "C" __global__`), `launch_attributes` (its work-group size),
+  parameters (`buffer_prefix`/`buffer_suffix`, `arg_int_prefix`, `render_param`, `extra_params`), the lines before
+  it (`prelude`, `render_prelude`, `render_helpers`) and the assembly of all of it (`render_kernel`);
+- hardware indices (`code_for_workitem`, `render_workitem`), local memory (`smem_prefix`, `local_pointer_prefix`)
+  and `barrier`;
+- types (`type_map`, `render_dtype`, `render_vector_type`), constants, casts and bitcasts (`render_const`,
+  `render_cast`, `render_bitcast`), the expression of each op (`code_for_op`, `render_alu`: math function names,
+  half and bfloat16 computed in float);
+- vectors (`render_vectorize`, `render_gep`) and memory (`render_memory`, `render_load`, `render_store`);
+- tensor cores: `render_wmma` gives the name and definition of the function a `WMMA` calls.
+
+Vector loads and stores read and write consecutive elements through a pointer cast to the vector type, in the
+buffer's address space (`*((device float4*)(data0+i))` in Metal; OpenCL overrides `render_load`/`render_store` with
+`vload4`/`vstore4`); codegen only emits them where the renderer allows (`supports_float4`: aligned 2 and 4 element
+vectors; `vector_width`: any width up to it).
 """
 
 from __future__ import annotations
@@ -24,12 +34,37 @@ from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp
 
+Workgroup = tuple[int, int, int]
+
 
 def kernel_function_name(uops: list[UOp]) -> str:
     """The function name codegen put on the final SINK of a linear program ("kernel" when there is none)."""
     if uops and uops[-1].op is Ops.SINK and isinstance(uops[-1].arg, str):
         return uops[-1].arg
     return "kernel"
+
+
+def workgroup_size(uops: list[UOp]) -> Workgroup | None:
+    """The work-group size a linear program's `lidx` indices give it, None when it has none."""
+    local = {int(u.arg[0][-1]): int(u.arg[1]) for u in uops if u.op is Ops.SPECIAL and u.arg[0][0] == "l"}
+    return (local.get(0, 1), local.get(1, 1), local.get(2, 1)) if local else None
+
+
+# the scalar type names OpenCL C and Metal share (CUDA names its built-in vector types after most of them)
+GPU_TYPE_NAMES: dict[DType, str] = {
+    dtypes.bool: "bool",
+    dtypes.int8: "char",
+    dtypes.uint8: "uchar",
+    dtypes.int16: "short",
+    dtypes.uint16: "ushort",
+    dtypes.int32: "int",
+    dtypes.uint32: "uint",
+    dtypes.int64: "long",
+    dtypes.uint64: "ulong",
+    dtypes.float16: "half",
+    dtypes.float32: "float",
+    dtypes.float64: "double",
+}
 
 
 def _infix(sym: str) -> Callable[..., str]:
@@ -47,17 +82,33 @@ def _libm(fn: str) -> Callable[..., str]:
     return lambda a, dtype: f"{fn}({a})" if dtype.scalar() == dtypes.float64 else f"{fn}f({a})"
 
 
+def _overloaded(fn: str) -> Callable[..., str]:
+    return lambda a, dtype: f"{fn}({a})"
+
+
+# math functions by one name for every float type, as OpenCL C and Metal overload them (C's float versions are
+# `exp2f`, ...)
+OVERLOADED_MATH: dict[Ops, Callable[..., str]] = {
+    op: _overloaded(op.name.lower()) for op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC)
+}
+
+
 class CStyleLanguage(Renderer):
     """The common part of C-like languages: walks a linear program and writes one statement per line, with loops as
     `for` statements, accumulators as local variables, and values used once inlined into their user."""
 
     kernel_prefix: ClassVar[str] = ""
-    # written before and after a buffer parameter's pointer type, e.g. "__global " or " restrict"
+    # written before and after a buffer parameter's pointer type, and before the pointer type when a buffer is cast
+    # to a vector pointer, e.g. "__global " (OpenCL), "device " (Metal) or " restrict"
     buffer_prefix: ClassVar[str] = ""
     buffer_suffix: ClassVar[str] = ""
     arg_int_prefix: ClassVar[str] = "const int"
+    # parameters after the kernel's buffers and variables, e.g. Metal's hardware indices
+    extra_params: ClassVar[tuple[str, ...]] = ()
     # lines before the kernel: includes, helper definitions
     prelude: ClassVar[tuple[str, ...]] = ()
+    # the suffix of a 64-bit integer literal ("ll" in C, "l" where long is 64 bits: OpenCL, Metal)
+    int64_suffix: ClassVar[str] = "ll"
     infinity: ClassVar[str] = "INFINITY"
     nan: ClassVar[str] = "NAN"
     # "g" and "l": the expression of global (work-group) and local index dimension d
@@ -116,7 +167,7 @@ class CStyleLanguage(Renderer):
         {dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16}
     )
 
-    # *** pieces a dialect overrides ***
+    # *** types, constants, conversions ***
 
     def render_dtype(self, dtype: DType) -> str:
         """The type name of `dtype` (a pointer type for buffers, `render_vector_type` for vectors)."""
@@ -135,21 +186,10 @@ class CStyleLanguage(Renderer):
             return f"{self.type_map[dtype.scalar()].replace(' ', '')}{dtype.count}"
         raise NotImplementedError(f"{type(self).__name__} can't render vector type {dtype}")
 
-    def render_vectorize(self, dtype: DType, parts: list[str]) -> str:
-        """A vector of `dtype` built from the scalar expressions `parts`."""
-        return f"{self.render_dtype(dtype)}({','.join(parts)})"
-
-    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
-        """Lane `lane` of the vector expression `x` of `dtype`."""
-        return f"{x}.{'xyzw'[lane]}" if dtype.count <= 4 else f"{x}[{lane}]"
-
-    def render_wmma(self, wmma: UOp, a: str, b: str, c: str) -> str:
-        """The expression of a tensor-core instruction (`WMMA`, see `lazygrad_codegen.tensor_cores`) on the operand
-        vectors `a`, `b` and `c`; dialects with tensor cores implement it."""
-        raise NotImplementedError(f"{type(self).__name__} has no tensor cores (can't render {wmma.arg[0]})")
-
     def render_const(self, value: float | int | bool, dtype: DType) -> str:
-        """A literal of `dtype`."""
+        """A literal of `dtype` (a vector of `dtype` with `value` in every lane)."""
+        if dtype.count > 1:
+            return self.render_vectorize(dtype, [self.render_const(value, dtype.scalar())] * dtype.count)
         if dtypes.is_bool(dtype):
             return "1" if value else "0"
         if dtypes.is_float(dtype):
@@ -164,11 +204,12 @@ class CStyleLanguage(Renderer):
         if dtype == dtypes.int32:
             return "(-2147483647-1)" if v == -(2**31) else (f"({v})" if v < 0 else str(v))
         if dtype == dtypes.int64:
-            return "(-9223372036854775807ll-1)" if v == -(2**63) else (f"({v}ll)" if v < 0 else f"{v}ll")
+            ll = self.int64_suffix
+            return f"(-9223372036854775807{ll}-1)" if v == -(2**63) else (f"({v}{ll})" if v < 0 else f"{v}{ll}")
         if dtype == dtypes.uint32:
             return f"{v}u"
         if dtype == dtypes.uint64:
-            return f"{v}ull"
+            return f"{v}u{self.int64_suffix}"
         return self.render_cast(str(v), dtypes.int32, dtype)
 
     def render_cast(self, x: str, src: DType, dest: DType) -> str:
@@ -179,29 +220,80 @@ class CStyleLanguage(Renderer):
         """The bits of `x` reinterpreted as `dest` (a union is the C99 way to pun types)."""
         return f"((union {{ {self.render_dtype(src)} a; {self.render_dtype(dest)} b; }}){{.a = {x}}}).b"
 
+    # *** vectors, memory, tensor cores ***
+
+    def render_vectorize(self, dtype: DType, parts: list[str]) -> str:
+        """A vector of `dtype` built from the scalar expressions `parts`."""
+        return f"{self.render_dtype(dtype)}({','.join(parts)})"
+
+    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
+        """Lane `lane` of the vector expression `x` of `dtype`."""
+        return f"{x}.{'xyzw'[lane]}" if dtype.count <= 4 else f"{x}[{lane}]"
+
+    def address_space(self, index: UOp) -> str:
+        """The address-space qualifier of the memory an INDEX points into, written before a pointer type."""
+        return self.local_pointer_prefix if index.src[0].op is Ops.DEFINE_LOCAL else self.buffer_prefix
+
     def render_memory(self, ptr: str, dtype: DType, index: UOp) -> str:
-        """The lvalue of the element (or vector of consecutive elements) of `dtype` at pointer expression `ptr`."""
+        """The lvalue of the element (or vector of consecutive elements) of `dtype` at pointer expression `ptr`, the
+        address `index` computes."""
         if dtype.count == 1:
             return f"(*{ptr})"
-        space = self.local_pointer_prefix if index.src[0].op is Ops.DEFINE_LOCAL else self.buffer_prefix
-        return f"(*(({space}{self.render_dtype(dtype)}*)({ptr})))"
+        return f"(*(({self.address_space(index)}{self.render_dtype(dtype)}*){ptr}))"
 
-    def render_workitem(self, kind: str, dim: int) -> str:
-        """The expression of hardware index `kind` ("g" global, "l" local) in dimension `dim`."""
+    def render_load(self, ptr: str, dtype: DType, index: UOp) -> str:
+        """The expression that reads `dtype` at `ptr` (see `render_memory`)."""
+        return self.render_memory(ptr, dtype, index)
+
+    def render_store(self, ptr: str, value: str, dtype: DType, index: UOp) -> str:
+        """The statement that writes `value` of `dtype` at `ptr` (see `render_memory`)."""
+        return f"{self.render_memory(ptr, dtype, index)} = {value};"
+
+    def render_wmma(self, wmma: UOp) -> tuple[str, str]:
+        """The name and the definition of the function a tensor-core instruction (`WMMA`, see
+        `lazygrad_codegen.tensor_cores`) calls: it takes the operand vectors A, B and C and returns the result's
+        vector. Dialects with tensor cores implement it; the definition goes before the kernel once per name."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores (can't render {wmma.arg[0]})")
+
+    # *** the kernel ***
+
+    def render_workitem(self, kind: str, dim: int, workgroup: Workgroup | None) -> str:
+        """The expression of hardware index `kind` ("g" global, "l" local) in dimension `dim`; `workgroup` is the
+        kernel's work-group size (`workgroup_size`)."""
         if kind not in self.code_for_workitem:
             raise NotImplementedError(f"{type(self).__name__} has no hardware indices of kind {kind!r}")
         return self.code_for_workitem[kind](dim)
 
-    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]]) -> str:
-        """The whole source: prelude, signature with `params` (name, dtype) in order, and the body lines."""
-        args = []
-        for pname, dtype in params:
-            if isinstance(dtype, PtrDType):
-                args.append(f"{self.buffer_prefix}{self.render_dtype(dtype)}{self.buffer_suffix} {pname}")
-            else:
-                args.append(f"{self.arg_int_prefix} {pname}")
-        head = f"{self.kernel_prefix}void {name}({', '.join(args)}) {{"
-        return "\n".join([*self.prelude, head, *body, "}", ""])
+    def render_param(self, position: int, name: str, dtype: DType) -> str:
+        """The kernel's parameter at `position`: a buffer (pointer `dtype`) or an int variable."""
+        if isinstance(dtype, PtrDType):
+            return f"{self.buffer_prefix}{self.render_dtype(dtype)}{self.buffer_suffix} {name}"
+        return f"{self.arg_int_prefix} {name}"
+
+    def launch_attributes(self, workgroup: Workgroup | None) -> str:
+        """Text between `kernel_prefix` and the return type that tells the compiler the kernel's work-group size."""
+        return ""
+
+    def render_prelude(self, uops: list[UOp]) -> list[str]:
+        """The lines before the helper functions and the kernel: includes, extension pragmas, type definitions."""
+        return list(self.prelude)
+
+    def render_helpers(self, uops: list[UOp]) -> list[str]:
+        """The definitions of the functions the kernel calls, each once: one per tensor-core instruction."""
+        helpers: dict[str, str] = {}
+        for u in uops:
+            if u.op is Ops.WMMA:
+                name, definition = self.render_wmma(u)
+                helpers.setdefault(name, definition)
+        return list(helpers.values())
+
+    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
+        """The whole source: prelude and helpers, the signature with `params` (name, dtype) in order, and the body
+        lines of the linear program `uops`."""
+        args = [self.render_param(i, pname, dtype) for i, (pname, dtype) in enumerate(params)]
+        attributes = self.launch_attributes(workgroup_size(uops))
+        head = f"{self.kernel_prefix}{attributes}void {name}({', '.join([*args, *self.extra_params])}) {{"
+        return "\n".join([*self.render_prelude(uops), *self.render_helpers(uops), head, *body, "}", ""])
 
     # *** the walk ***
 
@@ -226,10 +318,10 @@ class CStyleLanguage(Renderer):
         depth_at: dict[UOp, int] = {}
         depth = 0
         for u in uops:
-            if u.op is Ops.END:
+            if u.op in GroupOp.BlockEnd:
                 depth -= 1
             depth_at[u] = depth
-            if u.op is Ops.RANGE:
+            if u.op in GroupOp.Block:
                 depth += 1
             for s in u.src:
                 if s in users:
@@ -237,15 +329,19 @@ class CStyleLanguage(Renderer):
 
         def inline(u: UOp, expr: str) -> bool:
             us = users[u]
-            if len(us) != 1 or depth_at[us[0]] != depth_at[u] or us[0].op is Ops.RANGE:
+            if len(us) != 1 or depth_at[us[0]] != depth_at[u] or us[0].op in GroupOp.Block:
                 return False
             if len(expr) > self.max_inline_length:
+                return False
+            # a vector expression is written into a statement whole, never into one that reads it lane by lane
+            if u.dtype.count > 1 and us[0].op not in (Ops.STORE, Ops.ASSIGN, Ops.WMMA):
                 return False
             # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
             return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
 
         r: dict[UOp, str] = {}
         params: list[tuple[str, DType]] = []
+        shared: list[str] = []
         lines: list[str] = []
         counter: dict[str, int] = {}
         indent = 1
@@ -257,9 +353,17 @@ class CStyleLanguage(Renderer):
         def line(text: str) -> None:
             lines.append("  " * indent + text)
 
+        def value(u: UOp, expr: str, prefix: str) -> None:
+            if inline(u, expr):
+                r[u] = expr
+            else:
+                r[u] = fresh(prefix)
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")
+
+        workgroup = workgroup_size(uops)
         for u in uops:
             op, src = u.op, u.src
-            if op is Ops.SINK:
+            if op in (Ops.SINK, Ops.NOOP):
                 continue
             if op is Ops.DEFINE_GLOBAL:
                 r[u] = f"data{u.arg}"
@@ -267,67 +371,74 @@ class CStyleLanguage(Renderer):
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
                 params.append((r[u], u.dtype))
+            elif op is Ops.DEFINE_LOCAL:
+                if not isinstance(u.dtype, PtrDType) or u.dtype.size <= 0:
+                    raise ValueError(f"DEFINE_LOCAL {u.arg!r} needs a pointer dtype of known size, got {u.dtype!r}")
+                r[u] = u.arg if isinstance(u.arg, str) and u.arg.isidentifier() else f"temp{u.arg}"
+                # local memory is declared at kernel scope (OpenCL and Metal require it): first in the body
+                shared.append(f"  {self.smem_prefix}{self.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, u.dtype)
+            elif op is Ops.VCONST:
+                r[u] = self.render_vectorize(u.dtype, [self.render_const(v, u.dtype.scalar()) for v in u.arg])
             elif op is Ops.SPECIAL:
                 name, size = u.arg
                 r[u] = name
-                line(f"int {name} = {self.render_workitem(name[0], int(name[-1]))}; /* {size} */")
+                line(f"int {name} = {self.render_workitem(name[0], int(name[-1]), workgroup)}; /* {size} */")
             elif op is Ops.RANGE:
                 r[u] = f"ridx{u.arg}"
                 line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 indent += 1
-            elif op is Ops.END:
+            elif op is Ops.IF:
+                line(f"if ({r[src[0]]}) {{")
+                indent += 1
+            elif op in GroupOp.BlockEnd:
                 indent -= 1
                 line("}")
+            elif op is Ops.BARRIER:
+                if not self.barrier:
+                    raise NotImplementedError(f"{type(self).__name__} has no workgroup barrier")
+                line(self.barrier)
             elif op is Ops.DEFINE_ACC:
                 r[u] = f"acc{u.arg[0]}"
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
             elif op is Ops.ASSIGN:
                 r[u] = r[src[0]]
                 line(f"{r[u]} = {r[src[1]]};")
-            elif op is Ops.DEFINE_LOCAL:
-                r[u] = str(u.arg)
-                line(f"{self.smem_prefix}{self.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
-            elif op is Ops.BARRIER:
-                if not self.barrier:
-                    raise NotImplementedError(f"{type(self).__name__} has no workgroup barrier")
-                line(self.barrier)
             elif op is Ops.INDEX:
                 r[u] = f"({r[src[0]]}+{r[src[1]]})"
             elif op is Ops.LOAD:
-                mem = self.render_memory(r[src[0]], u.dtype, src[0])
+                read = self.render_load(r[src[0]], u.dtype, src[0])
                 # (INDEX), (INDEX, alternative, gate), or (INDEX, BARRIER) for local memory read after a barrier
-                value = f"({r[src[2]]}?{mem}:{r[src[1]]})" if len(src) == 3 else mem
+                if len(src) == 3:
+                    read = f"({r[src[2]]}?{read}:{r[src[1]]})"
                 r[u] = fresh("val")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {value};")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {read};")
             elif op is Ops.STORE:
-                store = f"{self.render_memory(r[src[0]], src[1].dtype, src[0])} = {r[src[1]]};"
+                store = self.render_store(r[src[0]], r[src[1]], src[1].dtype, src[0])
                 line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
             elif op is Ops.VECTORIZE:
-                r[u] = fresh("vec")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {self.render_vectorize(u.dtype, [r[s] for s in src])};")
+                value(u, self.render_vectorize(u.dtype, [r[s] for s in src]), "vec")
             elif op is Ops.GEP:
-                lanes = [self.render_gep(r[src[0]], lane, src[0].dtype) for lane in u.arg]
-                r[u] = lanes[0] if len(lanes) == 1 else self.render_vectorize(u.dtype, lanes)
+                lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+                if src[0].dtype.count == 1:  # lanes of a scalar: the scalar itself
+                    picked = [r[src[0]]] * len(lanes)
+                else:
+                    picked = [self.render_gep(r[src[0]], lane, src[0].dtype) for lane in lanes]
+                value(u, picked[0] if len(picked) == 1 else self.render_vectorize(u.dtype, picked), "gep")
             elif op is Ops.WMMA:
+                fn, _ = self.render_wmma(u)
                 r[u] = fresh("wmma")
-                line(f"{self.render_dtype(u.dtype)} {r[u]} = {self.render_wmma(u, *(r[s] for s in src))};")
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                if op is Ops.CAST:
-                    expr = self.render_cast(r[src[0]], src[0].dtype, u.dtype)
-                elif op is Ops.BITCAST:
-                    expr = self.render_bitcast(r[src[0]], src[0].dtype, u.dtype)
-                else:
-                    expr = self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src])
-                if inline(u, expr):
-                    r[u] = expr
-                else:
-                    r[u] = fresh("cast" if op in (Ops.CAST, Ops.BITCAST) else "alu")
-                    line(f"{self.render_dtype(u.dtype)} {r[u]} = {expr};")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {fn}({', '.join(r[s] for s in src)});")
+            elif op is Ops.CAST:
+                value(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op is Ops.BITCAST:
+                value(u, self.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op in GroupOp.ALU:
+                value(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
             else:
                 raise NotImplementedError(f"{type(self).__name__} can't render {op} yet")
-        return self.render_kernel(kernel_function_name(uops), lines, params)
+        return self.render_kernel(kernel_function_name(uops), shared + lines, params, uops)
 
 
 class CRenderer(CStyleLanguage):

@@ -7,16 +7,22 @@ What differs from plain C, and why:
   its work-group size with `reqd_work_group_size`, so the launcher knows it; without them `gidx` is the global
   work-item id, so the launcher may leave the work-group size to the driver (on PoCL a work-group of one item per
   element is some fifty times slower than the groups it picks);
-- `bool` has no defined size in a buffer, so bool buffers hold `uchar`s;
+- `bool` has no defined size in a buffer and no vector types, so bool buffers (global and local) hold `uchar`s and a
+  vector of bools is a `uchar` vector of 0s and 1s;
 - `half` needs `cl_khr_fp16` to be a value type. Without it (PoCL on most CPUs, some Intel drivers) a half buffer
   holds its 16 bits (`ushort`), values are floats in registers, read and written with the core `vload_half` and
   `vstore_half`, and every half result is rounded to half precision, so results match a device with real halves;
 - OpenCL has no bfloat16: it is always stored as 16 bits and computed in float, rounded after each op;
 - math functions are OpenCL's overloads (`exp2`, `log2`, `sin`, ...), and doubles need `cl_khr_fp64`;
-- local memory (`DEFINE_LOCAL`) is a `__local` array, a `BARRIER` is `barrier(CLK_LOCAL_MEM_FENCE)`.
+- local memory (`DEFINE_LOCAL`) is a `__local` array, a `BARRIER` is `barrier(CLK_LOCAL_MEM_FENCE)`;
+- vectors (`supports_float4`): 2- and 4-element loads and stores are `vloadN`/`vstoreN` in global and local memory
+  (not loads through a pointer cast to `float4*`: PoCL's LLVM fails to select AVX-512 instructions for some kernels
+  whose aligned vector loads feed comparisons, and vloadN needs no alignment of the address), vectors are built with
+  literals `(float4)(a, b, c, d)` and read lane by lane (`.s0`); halves held as bits are read and written with
+  `vload_halfN`/`vstore_halfN`, bfloat16 bits with `vloadN`/`vstoreN` and a shift or a rounding per lane.
 
-The base class's walk knows only scalar ops without local memory, so the renderer walks the linear program itself
-(`_Writer`), with the base's pieces (`render_alu`, `render_cast`, `render_const`, `render_dtype`) specialised here.
+The walk over the linear program is the base class's (`CStyleLanguage.render`), run on the program with its buffers
+retyped to what they hold (`_with_storage_types`).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ import struct
 from collections.abc import Callable
 from typing import ClassVar
 
-from lazygrad_codegen.cstyle import CStyleLanguage, kernel_function_name
+from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, OVERLOADED_MATH, CStyleLanguage, Workgroup
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
-from lazygrad_uop.ops import GroupOp, Ops
+from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 _HALF_HELPERS = (
@@ -50,14 +56,16 @@ _BF16_HELPERS = (
 )
 
 
-def _overload(fn: str) -> Callable[..., str]:
-    return lambda a, dtype: f"{fn}({a})"
-
-
 def _bool_or(sym: str) -> Callable[..., str]:
     # on bools a sum is "or" and a product "and": C's + would give 2, which breaks a comparison it is inlined into
     logical = {"+": "|", "*": "&"}[sym]
     return lambda a, b, dtype: f"({a}{logical if dtypes.is_bool(dtype) else sym}{b})"
+
+
+def _bf16_bits_vector(n: int) -> str:
+    """The helper that rounds a vector of `n` floats to bfloat16 bits, lane by lane."""
+    lanes = ", ".join(f"lg_bf16_bits(x.s{i:x})" for i in range(n))
+    return f"static inline ushort{n} lg_bf16_bits{n}(float{n} x) {{ return (ushort{n})({lanes}); }}"
 
 
 def _bits_of(value: float | int | bool, dtype: DType) -> int:
@@ -81,34 +89,25 @@ class OpenCLRenderer(CStyleLanguage):
 
     device = "CL"
     suffix = "CL"
-    supports_float4 = False
+    supports_float4 = True
     has_local = True
     has_shared = True
     kernel_prefix: ClassVar[str] = "__kernel "
     buffer_prefix: ClassVar[str] = "__global "
-    type_map: ClassVar[dict[DType, str]] = {
-        dtypes.bool: "bool",
-        dtypes.int8: "char",
-        dtypes.uint8: "uchar",
-        dtypes.int16: "short",
-        dtypes.uint16: "ushort",
-        dtypes.int32: "int",
-        dtypes.uint32: "uint",
-        dtypes.int64: "long",
-        dtypes.uint64: "ulong",
-        dtypes.float16: "half",
-        dtypes.float32: "float",
-        dtypes.float64: "double",
+    smem_prefix: ClassVar[str] = "__local "
+    local_pointer_prefix: ClassVar[str] = "__local "
+    barrier: ClassVar[str] = "barrier(CLK_LOCAL_MEM_FENCE);"
+    code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {
+        "g": lambda d: f"get_group_id({d})",
+        "l": lambda d: f"get_local_id({d})",
     }
+    type_map: ClassVar[dict[DType, str]] = GPU_TYPE_NAMES
+    int64_suffix: ClassVar[str] = "l"
     code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {
         **CStyleLanguage.code_for_op,
         Ops.ADD: _bool_or("+"),
         Ops.MUL: _bool_or("*"),
-        Ops.EXP2: _overload("exp2"),
-        Ops.LOG2: _overload("log2"),
-        Ops.SIN: _overload("sin"),
-        Ops.SQRT: _overload("sqrt"),
-        Ops.TRUNC: _overload("trunc"),
+        **OVERLOADED_MATH,
     }
 
     def __init__(
@@ -132,19 +131,13 @@ class OpenCLRenderer(CStyleLanguage):
     # *** types, constants, conversions ***
 
     def render_dtype(self, dtype: DType) -> str:
-        """The OpenCL type name; an emulated 16-bit float is a `float` in registers."""
+        """The OpenCL type name; an emulated 16-bit float is a `float` in registers, a vector of bools a vector of
+        `uchar`s."""
         if not isinstance(dtype, PtrDType) and dtype.scalar() in self.emulated:
-            return "float"
+            return "float" if dtype.count == 1 else f"float{dtype.count}"
+        if not isinstance(dtype, PtrDType) and dtypes.is_bool(dtype.scalar()) and dtype.count > 1:
+            return f"uchar{dtype.count}"
         return super().render_dtype(dtype)
-
-    def render_const(self, value: float | int | bool, dtype: DType) -> str:
-        """A literal of `dtype`; 64-bit integers take OpenCL's `l`/`ul` suffixes."""
-        if dtype == dtypes.int64:
-            v = int(value)
-            return "(-9223372036854775807l-1)" if v == -(2**63) else (f"({v}l)" if v < 0 else f"{v}l")
-        if dtype == dtypes.uint64:
-            return f"{int(value)}ul"
-        return super().render_const(value, dtype)
 
     def render_cast(self, x: str, src: DType, dest: DType) -> str:
         """`x` converted from `src` to `dest`: to bool is `!= 0`, to an emulated 16-bit float rounds the float."""
@@ -176,22 +169,94 @@ class OpenCLRenderer(CStyleLanguage):
             raise NotImplementedError("OpenCL can't bitcast bool: cast it instead")
         return f"as_{self.render_dtype(d)}({x})"
 
+    # *** vectors and memory ***
+
+    def render_vectorize(self, dtype: DType, parts: list[str]) -> str:
+        """A vector literal, `(float4)(a, b, c, d)`."""
+        return f"({self.render_dtype(dtype)})({','.join(parts)})"
+
+    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
+        """Lane `lane` of `x` by its number (`.s0` to `.sf`); a vector literal is parenthesised, as `.s0` would
+        bind to its parts."""
+        return f"{x if x.isidentifier() else f'({x})'}.s{lane:x}"
+
+    def render_load(self, ptr: str, dtype: DType, index: UOp) -> str:
+        """A read; vectors with `vloadN` (see `_vector_access`)."""
+        access = self._vector_access(ptr, dtype, index)
+        return super().render_load(ptr, dtype, index) if access is None else access[0]
+
+    def render_store(self, ptr: str, value: str, dtype: DType, index: UOp) -> str:
+        """A write; vectors with `vstoreN` (see `_vector_access`)."""
+        access = self._vector_access(ptr, dtype, index)
+        return super().render_store(ptr, value, dtype, index) if access is None else access[1](value)
+
+    def _vector_access(self, ptr: str, dtype: DType, index: UOp) -> tuple[str, Callable[[str], str]] | None:
+        """For a vector, the load expression and the store statement of a value (None for a scalar): `vloadN` and
+        `vstoreN`, with halves and bfloat16 that memory holds as bits converted while read and rounded while
+        written."""
+        n = dtype.count
+        if n == 1:
+            return None
+        if dtype.scalar() in self.emulated and index.dtype.base == dtypes.uint16:
+            if dtype.scalar() == dtypes.float16:
+                half = f"({self.address_space(index)}half*){ptr}"
+                # vstore_halfN rounds to nearest even, as every half result here is rounded
+                return f"vload_half{n}(0, {half})", lambda v: f"vstore_half{n}({v}, 0, {half});"
+            bits = f"as_float{n}(convert_uint{n}(vload{n}(0, {ptr})) << 16)"
+            return bits, lambda v: f"vstore{n}(lg_bf16_bits{n}({v}), 0, {ptr});"
+        return f"vload{n}(0, {ptr})", lambda v: f"vstore{n}({v}, 0, {ptr});"
+
     # *** the kernel ***
+
+    def render_workitem(self, kind: str, dim: int, workgroup: Workgroup | None) -> str:
+        """With work-group dimensions `gidx` is the group id; without, the global work-item id, so the launcher may
+        leave the work-group size to the driver."""
+        if kind == "g" and workgroup is None:
+            return f"get_global_id({dim})"
+        return super().render_workitem(kind, dim, workgroup)
+
+    def launch_attributes(self, workgroup: Workgroup | None) -> str:
+        """The fixed work-group size, which the launcher reads back from the compiled kernel."""
+        return "" if workgroup is None else f"__attribute__((reqd_work_group_size({','.join(map(str, workgroup))}))) "
+
+    def render_prelude(self, uops: list[UOp]) -> list[str]:
+        """Extension pragmas and helper functions for the types the kernel uses."""
+        uses = {(u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar() for u in uops}
+        lines: list[str] = []
+        if dtypes.float64 in uses and not self.fp64:
+            raise NotImplementedError("this OpenCL device has no cl_khr_fp64: it can't run float64 kernels")
+        if dtypes.float64 in uses:
+            lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+        if dtypes.float16 in uses and self.half_native:
+            lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+        if dtypes.float16 in uses and not self.half_native:
+            lines.extend(_HALF_HELPERS)
+            if dtypes.float64 in uses:
+                lines.append(_HALF_DOUBLE_HELPER)
+        if dtypes.bfloat16 in uses:
+            lines.extend(_BF16_HELPERS)
+            stored = sorted({u.src[1].dtype.count for u in uops if u.op is Ops.STORE and u.src[1].dtype.count > 1})
+            lines.extend(_bf16_bits_vector(n) for n in stored)
+        return lines
 
     def render(self, uops: list[UOp]) -> str:
         """OpenCL C of the linear program `uops`."""
-        return _Writer(self, self._with_storage_types(uops)).source()
+        return super().render(self._with_storage_types(uops))
 
-    def _storage(self, dtype: DType) -> DType | None:
-        """What a buffer of `dtype` holds instead, or None when it holds `dtype` itself."""
-        if dtypes.is_bool(dtype):
+    def _storage(self, buf: UOp) -> DType | None:
+        """What a DEFINE_GLOBAL or DEFINE_LOCAL of its dtype holds instead, or None when it holds that type itself
+        (local memory holds emulated 16-bit floats as the floats they are in registers)."""
+        if buf.op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL):
+            return None
+        if dtypes.is_bool(buf.dtype.base):
             return dtypes.uint8
-        return dtypes.uint16 if dtype in self.emulated else None
+        return dtypes.uint16 if buf.op is Ops.DEFINE_GLOBAL and buf.dtype.base in self.emulated else None
 
     def _with_storage_types(self, uops: list[UOp]) -> list[UOp]:
-        """`uops` with bool buffers as uchar and emulated 16-bit float buffers as ushort: loads convert after
-        reading, stores before writing."""
-        if not any(u.op is Ops.DEFINE_GLOBAL and self._storage(u.dtype.base) is not None for u in uops):
+        """`uops` with bool buffers as uchar and emulated 16-bit float buffers in global memory as ushort: scalar
+        loads convert after reading, scalar stores before writing (vectors convert in `render_load` and
+        `render_store`)."""
+        if not any(self._storage(u) is not None for u in uops):
             return uops
         out: list[UOp] = []
         new: dict[UOp, UOp] = {}
@@ -207,177 +272,20 @@ class OpenCLRenderer(CStyleLanguage):
 
         for u in uops:
             src = tuple(new.get(s, s) for s in u.src)
-            in_global = u.op is Ops.DEFINE_GLOBAL or (u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL)
-            if in_global and (held := self._storage(u.dtype.base)) is not None:
-                nu = u.replace(dtype=held.ptr(u.dtype.size), src=src)
-            elif u.op is Ops.LOAD and src[0].dtype.base != u.dtype:
+            buf = u.src[0] if u.op is Ops.INDEX else u
+            if (held := self._storage(buf)) is not None:
+                nu = u.replace(dtype=held.ptr(u.dtype.size, u.dtype.local), src=src)
+            elif u.op is Ops.LOAD and u.dtype.count == 1 and src[0].dtype.base != u.dtype:
                 held = src[0].dtype.base
                 ld = UOp(Ops.LOAD, held, (src[0], convert(src[1], held), src[2]) if len(src) == 3 else src)
                 out.append(ld)
                 nu = convert(ld, u.dtype)
                 new[u] = nu
                 continue
-            elif u.op is Ops.STORE and src[0].dtype.base != src[1].dtype:
+            elif u.op is Ops.STORE and src[1].dtype.count == 1 and src[0].dtype.base != src[1].dtype:
                 nu = UOp(Ops.STORE, u.dtype, (src[0], convert(src[1], src[0].dtype.base), *src[2:]))
             else:
                 nu = u if src == u.src else u.replace(src=src)
             new[u] = nu
             out.append(nu)
         return out
-
-
-class _Writer:
-    """One rendering of one linear program: names values, writes statements, and collects what the kernel needs
-    before it (extension pragmas, helper functions) and on it (its work-group size)."""
-
-    def __init__(self, renderer: OpenCLRenderer, uops: list[UOp]) -> None:
-        self.ren, self.uops = renderer, uops
-        self.r: dict[UOp, str] = {}
-        self.lines: list[str] = []
-        self.params: list[tuple[str, DType]] = []
-        self.counter: dict[str, int] = {}
-        self.indent = 1
-        self.users: dict[UOp, list[UOp]] = {u: [] for u in uops}
-        self.depth_at: dict[UOp, int] = {}
-        depth = 0
-        for u in uops:
-            if u.op in GroupOp.BlockEnd:
-                depth -= 1
-            self.depth_at[u] = depth
-            if u.op in GroupOp.Block:
-                depth += 1
-            for s in u.src:
-                if s in self.users:
-                    self.users[s].append(u)
-        local = {int(u.arg[0][-1]): int(u.arg[1]) for u in uops if u.op is Ops.SPECIAL and u.arg[0][0] == "l"}
-        # with work-group dimensions gidx is the group id and the size is fixed; without, gidx is the global id
-        self.work_group = (local.get(0, 1), local.get(1, 1), local.get(2, 1)) if local else None
-
-    def fresh(self, prefix: str) -> str:
-        self.counter[prefix] = self.counter.get(prefix, 0) + 1
-        return f"{prefix}{self.counter[prefix] - 1}"
-
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.indent + text)
-
-    def inline(self, u: UOp) -> bool:
-        """Whether `u`'s expression can be written into its only user instead of into a variable of its own."""
-        us = self.users[u]
-        if len(us) != 1 or self.depth_at[us[0]] != self.depth_at[u] or us[0].op in GroupOp.Block:
-            return False
-        # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
-        return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
-
-    def value(self, u: UOp, expr: str, prefix: str) -> None:
-        """Name `u`'s value: its expression if it is inlined, else a new variable holding it."""
-        if self.inline(u):
-            self.r[u] = expr
-        else:
-            self.r[u] = self.fresh(prefix)
-            self.line(f"{self.ren.render_dtype(u.dtype)} {self.r[u]} = {expr};")
-
-    def workitem(self, name: str) -> str:
-        dim = int(name[-1])
-        if name[0] == "l":
-            return f"get_local_id({dim})"
-        if name[0] == "g":
-            return f"get_group_id({dim})" if self.work_group is not None else f"get_global_id({dim})"
-        raise NotImplementedError(f"the OpenCL renderer has no hardware index named {name}")
-
-    def source(self) -> str:
-        ren, r = self.ren, self.r
-        for u in self.uops:
-            op, src = u.op, u.src
-            if op is Ops.SINK:
-                continue
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"data{u.arg}"
-                self.params.append((r[u], u.dtype))
-            elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
-                self.params.append((r[u], u.dtype))
-            elif op is Ops.DEFINE_LOCAL:
-                if not isinstance(u.dtype, PtrDType) or u.dtype.size <= 0:
-                    raise ValueError(f"DEFINE_LOCAL {u.arg!r} needs a pointer dtype of known size, got {u.dtype!r}")
-                r[u] = u.arg if isinstance(u.arg, str) and u.arg.isidentifier() else f"temp{u.arg}"
-                self.line(f"__local {ren.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
-            elif op is Ops.CONST:
-                r[u] = ren.render_const(u.arg, u.dtype)
-            elif op is Ops.SPECIAL:
-                name, size = u.arg
-                r[u] = name
-                self.line(f"int {name} = {self.workitem(name)}; /* {size} */")
-            elif op is Ops.RANGE:
-                r[u] = f"ridx{u.arg}"
-                self.line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
-                self.indent += 1
-            elif op is Ops.IF:
-                self.line(f"if ({r[src[0]]}) {{")
-                self.indent += 1
-            elif op in GroupOp.BlockEnd:
-                self.indent -= 1
-                self.line("}")
-            elif op is Ops.BARRIER:
-                self.line("barrier(CLK_LOCAL_MEM_FENCE);")
-            elif op is Ops.DEFINE_ACC:
-                r[u] = f"acc{u.arg[0]}"
-                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
-            elif op is Ops.ASSIGN:
-                r[u] = r[src[0]]
-                self.line(f"{r[u]} = {r[src[1]]};")
-            elif op is Ops.INDEX:
-                r[u] = f"({r[src[0]]}+{r[src[1]]})"
-            elif op is Ops.LOAD:
-                # a second source that is a BARRIER only orders the load after it
-                gated = len(src) == 3
-                value = f"({r[src[2]]}?*{r[src[0]]}:{r[src[1]]})" if gated else f"(*{r[src[0]]})"
-                r[u] = self.fresh("val")
-                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {value};")
-            elif op is Ops.STORE:
-                store = f"*{r[src[0]]} = {r[src[1]]};"
-                self.line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
-            elif op is Ops.CAST:
-                self.value(u, ren.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op is Ops.BITCAST:
-                self.value(u, ren.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op in GroupOp.ALU:
-                self.value(u, ren.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
-            else:
-                # vectors (VECTORIZE, GEP) don't reach a renderer whose vector_width is 1; WMMA needs tensor cores
-                raise NotImplementedError(f"the OpenCL renderer can't render {op}")
-        return self.assemble()
-
-    def prelude(self) -> list[str]:
-        """Extension pragmas and helper functions for the types the kernel uses."""
-        uses = {(u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar() for u in self.uops}
-        lines: list[str] = []
-        if dtypes.float64 in uses and not self.ren.fp64:
-            raise NotImplementedError("this OpenCL device has no cl_khr_fp64: it can't run float64 kernels")
-        if dtypes.float64 in uses:
-            lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-        if dtypes.float16 in uses and self.ren.half_native:
-            lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
-        if dtypes.float16 in uses and not self.ren.half_native:
-            lines.extend(_HALF_HELPERS)
-            if dtypes.float64 in uses:
-                lines.append(_HALF_DOUBLE_HELPER)
-        if dtypes.bfloat16 in uses:
-            lines.extend(_BF16_HELPERS)
-        return lines
-
-    def assemble(self) -> str:
-        ren = self.ren
-        args = [
-            f"{ren.buffer_prefix}{ren.render_dtype(dt)} {name}"
-            if isinstance(dt, PtrDType)
-            else f"{ren.arg_int_prefix} {name}"
-            for name, dt in self.params
-        ]
-        # the launcher reads the required size back from the compiled kernel
-        size = (
-            ""
-            if self.work_group is None
-            else f"__attribute__((reqd_work_group_size({','.join(map(str, self.work_group))}))) "
-        )
-        head = f"{ren.kernel_prefix}{size}void {kernel_function_name(self.uops)}({', '.join(args)}) {{"
-        return "\n".join([*self.prelude(), head, *self.lines, "}", ""])

@@ -13,8 +13,8 @@ What it adds to `CStyleLanguage`:
   `render_wmma`;
 - `THREEFRY` (Threefry-2x32, 20 rounds) as a device function.
 
-The renderer walks the linear program itself (`render`) because the base class's walk knows only scalar ops; the
-per-op pieces (`render_alu`, `render_cast`, `render_const`, `render_dtype`) are the base's, specialised here.
+The walk over the linear program is the base class's (`CStyleLanguage.render`); this module holds only what CUDA
+says differently.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from lazygrad_codegen.cstyle import CStyleLanguage, kernel_function_name
+from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, CStyleLanguage, Workgroup
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -35,16 +35,9 @@ _HALFS = frozenset({dtypes.float16, dtypes.bfloat16})
 LANES = "xyzwabcdefghijkl"
 # CUDA's built-in vector types (vector_types.h, built into NVRTC) exist for these scalars with 2, 3 or 4 lanes
 _BUILTIN_VECTOR = {
-    dtypes.int8: "char",
-    dtypes.uint8: "uchar",
-    dtypes.int16: "short",
-    dtypes.uint16: "ushort",
-    dtypes.int32: "int",
-    dtypes.uint32: "uint",
+    **{dt: name for dt, name in GPU_TYPE_NAMES.items() if dt not in (dtypes.bool, dtypes.float16)},
     dtypes.int64: "longlong",
     dtypes.uint64: "ulonglong",
-    dtypes.float32: "float",
-    dtypes.float64: "double",
 }
 _STRUCT_NAME = {**_BUILTIN_VECTOR, dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "bf16"}
 
@@ -107,6 +100,9 @@ class CUDARenderer(CStyleLanguage):
     # statically declared __shared__ memory per block; more needs opting in per kernel
     shared_max = 49152
     kernel_prefix = 'extern "C" __global__ '
+    # 16-byte aligned, so the float4 loads and stores codegen emits into shared memory are aligned
+    smem_prefix = "__shared__ __align__(16) "
+    barrier = "__syncthreads();"
     infinity = "__int_as_float(0x7f800000)"
     nan = "__int_as_float(0x7fffffff)"
     code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {
@@ -159,7 +155,7 @@ class CUDARenderer(CStyleLanguage):
             return f"(({self.render_dtype(dest)})({x}))"
         if dest.count > 1:
             lanes = [self.render_cast(_lane(x, i, src), s, d) for i in range(dest.count)]
-            return self.render_vector(dest, lanes)
+            return self.render_vectorize(dest, lanes)
         if d in _HALFS and s == dtypes.float64:
             return f"__double2half({x})" if d == dtypes.float16 else f"__double2bfloat16({x})"
         if d in _HALFS and s not in (dtypes.float32, d):
@@ -172,9 +168,14 @@ class CUDARenderer(CStyleLanguage):
         """The bits of `x` as `dest` (sizes are equal; `__builtin_bit_cast` is C++20's `std::bit_cast`)."""
         return f"__builtin_bit_cast({self.render_dtype(dest)}, {x})"
 
-    def render_vector(self, dtype: DType, lanes: Sequence[str]) -> str:
-        """A vector value of `dtype` from one expression per lane."""
-        return f"{self.render_dtype(dtype)}{{{', '.join(lanes)}}}"
+    def render_vectorize(self, dtype: DType, parts: list[str]) -> str:
+        """A vector value of `dtype` from one expression per lane (brace-initialised: the structs have no
+        constructors)."""
+        return f"{self.render_dtype(dtype)}{{{', '.join(parts)}}}"
+
+    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
+        """Lane `lane` of vector expression `x`: a field named by `LANES`."""
+        return _lane(x, lane, dtype)
 
     def render_alu(self, op: Ops, dtype: DType, operands: list[str], src_dtypes: list[DType]) -> str:
         """An ALU op; on vectors lane by lane, on half and bfloat16 in float rounded back to the type."""
@@ -188,7 +189,7 @@ class CUDARenderer(CStyleLanguage):
                 )
                 for i in range(dtype.count)
             ]
-            return self.render_vector(dtype, lanes)
+            return self.render_vectorize(dtype, lanes)
         compute = src_dtypes[0] if op in GroupOp.Comparison else dtype
         if compute.scalar() in _HALFS and op is not Ops.WHERE:
             as_float = [
@@ -203,9 +204,9 @@ class CUDARenderer(CStyleLanguage):
 
     # *** tensor cores ***
 
-    def render_wmma(self, arg: tuple) -> tuple[str, str]:
-        """The name and definition of the device function for a WMMA with `arg`: (name, dims, dtype_in, dtype_out,
-        threads, elements_per_thread, layout) as codegen writes it (`lazygrad_codegen.tensor_cores.wmma_arg`).
+    def render_wmma(self, wmma: UOp) -> tuple[str, str]:
+        """The name and definition of the device function for a WMMA UOp, whose arg is (name, dims, dtype_in,
+        dtype_out, threads, elements_per_thread, layout) as codegen writes it (`lazygrad_codegen.tensor_cores`).
 
         One `mma.sync.aligned.m16n8k16` (or `m16n8k8`) `.row.col` by the 32 threads of a warp: dims (N, M, K) =
         (8, 16, 16 or 8), fp16 or bf16 inputs, fp32 accumulator. Each thread passes its A fragment (K/2 values), B
@@ -213,6 +214,7 @@ class CUDARenderer(CStyleLanguage):
         values packed per 32-bit register, the lower lane in the low half), so the tensor core's layout must be
         `MMA_M16N8K16_LAYOUT` (or `MMA_M16N8K8_LAYOUT`).
         """
+        arg = wmma.arg
         name, dims, dtype_in, dtype_out, threads = arg[:5]
         layout = arg[6] if len(arg) > 6 else ()
         n, m, k = dims
@@ -246,11 +248,41 @@ class CUDARenderer(CStyleLanguage):
 }}"""
         return fn, body
 
-    # *** the walk ***
+    # *** the kernel ***
 
-    def render(self, uops: list[UOp]) -> str:
-        """CUDA C source of the linear program `uops`."""
-        return _Writer(self, uops).source()
+    def launch_attributes(self, workgroup: Workgroup | None) -> str:
+        """`__launch_bounds__` with the threads of a block, when the kernel has thread indices."""
+        return "" if workgroup is None else f"__launch_bounds__({math.prod(workgroup)}) "
+
+    def render_prelude(self, uops: list[UOp]) -> list[str]:
+        """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""
+        dts = {u.dtype for u in uops} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
+        scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
+        out: list[str] = []
+        if dtypes.float16 in scalars:
+            out.append("#include <cuda_fp16.h>")
+        if dtypes.bfloat16 in scalars:
+            out.append("#include <cuda_bf16.h>")
+        structs = {
+            self.render_dtype(d): d
+            for d in dts
+            if not isinstance(d, PtrDType) and d.count > 1 and self.render_dtype(d).startswith("lg_")
+        }
+        for u in uops:
+            if u.op is Ops.WMMA:  # the helper takes and returns vectors the kernel may never name
+                k = u.arg[1][2]
+                for d in (u.arg[2].vec(k // 2), u.arg[2].vec(k // 4)):
+                    structs.setdefault(self.render_dtype(d), d)
+        for name, d in sorted(structs.items()):
+            nbytes = d.scalar().itemsize * d.count
+            align = f"__align__({nbytes}) " if _is_power_of_two(nbytes) and nbytes <= 16 else ""
+            out.append(f"struct {align}{name} {{ {self.render_dtype(d.scalar())} {', '.join(LANES[: d.count])}; }};")
+        return out
+
+    def render_helpers(self, uops: list[UOp]) -> list[str]:
+        """The tensor-core functions, and Threefry when the kernel draws random bits."""
+        threefry = [_THREEFRY] if any(u.op is Ops.THREEFRY for u in uops) else []
+        return super().render_helpers(uops) + threefry
 
 
 def _as_tuples(x: object) -> object:
@@ -264,185 +296,3 @@ def _lane(expr: str, i: int, dtype: DType) -> str:
 
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-class _Writer:
-    """One rendering of one linear program: names values, writes statements, and collects what the prelude needs
-    (headers, vector structs, helper functions)."""
-
-    def __init__(self, renderer: CUDARenderer, uops: list[UOp]) -> None:
-        self.ren, self.uops = renderer, uops
-        self.r: dict[UOp, str] = {}
-        self.lines: list[str] = []
-        self.params: list[tuple[str, DType]] = []
-        self.helpers: dict[str, str] = {}
-        self.counter: dict[str, int] = {}
-        self.indent = 1
-        self.users: dict[UOp, list[UOp]] = {u: [] for u in uops}
-        self.depth_at: dict[UOp, int] = {}
-        depth = 0
-        for u in uops:
-            if u.op in GroupOp.BlockEnd:
-                depth -= 1
-            self.depth_at[u] = depth
-            if u.op in GroupOp.Block:
-                depth += 1
-            for s in u.src:
-                if s in self.users:
-                    self.users[s].append(u)
-
-    def fresh(self, prefix: str) -> str:
-        self.counter[prefix] = self.counter.get(prefix, 0) + 1
-        return f"{prefix}{self.counter[prefix] - 1}"
-
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.indent + text)
-
-    def inline(self, u: UOp) -> bool:
-        """Whether `u`'s expression can be written into its only user instead of into a variable of its own: not
-        into a MAX, or lane by lane into a vector op, whose code repeats an operand (inlining chains of them would
-        grow the source exponentially)."""
-        us = self.users[u]
-        if len(us) != 1 or self.depth_at[us[0]] != self.depth_at[u] or us[0].op in GroupOp.Block:
-            return False
-        if us[0].op is Ops.MAX or (u.dtype.count > 1 and us[0].op not in (Ops.STORE, Ops.ASSIGN, Ops.WMMA)):
-            return False
-        # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
-        return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
-
-    def value(self, u: UOp, expr: str, prefix: str) -> None:
-        """Name `u`'s value: its expression if it is inlined, else a new variable holding it."""
-        if self.inline(u):
-            self.r[u] = expr
-        else:
-            self.r[u] = self.fresh(prefix)
-            self.line(f"{self.ren.render_dtype(u.dtype)} {self.r[u]} = {expr};")
-
-    def pointer(self, index: UOp, dtype: DType) -> str:
-        """The address of an INDEX as a pointer to `dtype` values: cast when a vector is loaded from or stored to
-        a buffer of scalars."""
-        ptr = self.r[index]
-        base = index.dtype.base if isinstance(index.dtype, PtrDType) else index.dtype
-        return ptr if base == dtype else f"(({self.ren.render_dtype(dtype)}*)({ptr}))"
-
-    def source(self) -> str:
-        ren, r = self.ren, self.r
-        for u in self.uops:
-            op, src = u.op, u.src
-            if op in (Ops.SINK, Ops.NOOP):
-                continue
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"data{u.arg}"
-                self.params.append((r[u], u.dtype))
-            elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
-                self.params.append((r[u], u.dtype))
-            elif op is Ops.DEFINE_LOCAL:
-                assert isinstance(u.dtype, PtrDType), "DEFINE_LOCAL has a pointer dtype"
-                if u.dtype.size <= 0:
-                    raise ValueError(f"DEFINE_LOCAL {u.arg!r} needs a known size, got {u.dtype!r}")
-                r[u] = u.arg if isinstance(u.arg, str) and u.arg.isidentifier() else f"smem{u.arg}"
-                self.line(f"__shared__ __align__(16) {ren.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
-            elif op is Ops.CONST:
-                r[u] = ren.render_const(u.arg, u.dtype)
-            elif op is Ops.VCONST:
-                r[u] = ren.render_vector(u.dtype, [ren.render_const(v, u.dtype.scalar()) for v in u.arg])
-            elif op is Ops.SPECIAL:
-                name, size = u.arg
-                r[u] = name
-                self.line(f"int {name} = {ren.render_workitem(name[0], int(name[-1]))}; /* {size} */")
-            elif op is Ops.RANGE:
-                r[u] = f"ridx{u.arg}"
-                self.line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
-                self.indent += 1
-            elif op is Ops.IF:
-                self.line(f"if ({r[src[0]]}) {{")
-                self.indent += 1
-            elif op in (Ops.END, Ops.ENDIF):
-                self.indent -= 1
-                self.line("}")
-            elif op is Ops.BARRIER:
-                self.line("__syncthreads();")
-            elif op is Ops.DEFINE_ACC:
-                r[u] = f"acc{u.arg[0]}"
-                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
-            elif op is Ops.ASSIGN:
-                r[u] = r[src[0]]
-                self.line(f"{r[u]} = {r[src[1]]};")
-            elif op is Ops.INDEX:
-                r[u] = f"({r[src[0]]}+{r[src[1]]})"
-            elif op is Ops.LOAD:
-                ptr = self.pointer(src[0], u.dtype)
-                value = (
-                    f"(*{ptr})" if len(src) == 1 or src[1].op is Ops.BARRIER else f"({r[src[2]]}?*{ptr}:{r[src[1]]})"
-                )
-                r[u] = self.fresh("val")
-                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {value};")
-            elif op is Ops.STORE:
-                store = f"*{self.pointer(src[0], src[1].dtype)} = {r[src[1]]};"
-                self.line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
-            elif op is Ops.VECTORIZE:
-                self.value(u, ren.render_vector(u.dtype, [r[s] for s in src]), "vec")
-            elif op is Ops.GEP:
-                lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
-                picked = [_lane(r[src[0]], i, src[0].dtype) for i in lanes]
-                self.value(u, picked[0] if len(picked) == 1 else ren.render_vector(u.dtype, picked), "gep")
-            elif op is Ops.WMMA:
-                fn, body = ren.render_wmma(u.arg)
-                self.helpers[fn] = body
-                r[u] = self.fresh("wmma")
-                self.line(f"{ren.render_dtype(u.dtype)} {r[u]} = {fn}({', '.join(r[s] for s in src)});")
-            elif op is Ops.CAST:
-                self.value(u, ren.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op is Ops.BITCAST:
-                self.value(u, ren.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op in GroupOp.ALU:
-                if op is Ops.THREEFRY:
-                    self.helpers["lg_threefry"] = _THREEFRY
-                expr = ren.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src])
-                self.value(u, expr, "alu")
-            else:
-                raise NotImplementedError(f"the CUDA renderer can't render {op}")
-        return self.assemble()
-
-    def prelude(self) -> list[str]:
-        """Headers and definitions the kernel's types and helpers need, each written once."""
-        dts = {u.dtype for u in self.uops} | {u.dtype.base for u in self.uops if isinstance(u.dtype, PtrDType)}
-        dts |= {d.base for d in list(dts) if isinstance(d, PtrDType)}
-        scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
-        out: list[str] = []
-        if dtypes.float16 in scalars:
-            out.append("#include <cuda_fp16.h>")
-        if dtypes.bfloat16 in scalars:
-            out.append("#include <cuda_bf16.h>")
-        structs = {
-            self.ren.render_dtype(d): d
-            for d in dts
-            if not isinstance(d, PtrDType) and d.count > 1 and self.ren.render_dtype(d).startswith("lg_")
-        }
-        for u in self.uops:
-            if u.op is Ops.WMMA:  # the helper takes and returns vectors the kernel may never name
-                k = u.arg[1][2]
-                for d in (u.arg[2].vec(k // 2), u.arg[2].vec(k // 4)):
-                    structs.setdefault(self.ren.render_dtype(d), d)
-        for name, d in sorted(structs.items()):
-            nbytes = d.scalar().itemsize * d.count
-            align = f"__align__({nbytes}) " if _is_power_of_two(nbytes) and nbytes <= 16 else ""
-            fields = ", ".join(LANES[: d.count])
-            out.append(f"struct {align}{name} {{ {self.ren.render_dtype(d.scalar())} {fields}; }};")
-        return out + list(self.helpers.values())
-
-    def assemble(self) -> str:
-        name = kernel_function_name(self.uops)
-        threads = math.prod(u.arg[1] for u in self.uops if u.op is Ops.SPECIAL and u.arg[0].startswith("l"))
-        bounds = (
-            f"__launch_bounds__({threads}) "
-            if any(u.op is Ops.SPECIAL and u.arg[0][0] == "l" for u in self.uops)
-            else ""
-        )
-        args = [
-            f"{self.ren.render_dtype(dt)} {pname}" if isinstance(dt, PtrDType) else f"{self.ren.arg_int_prefix} {pname}"
-            for pname, dt in self.params
-        ]
-        head = f"{self.ren.kernel_prefix}void {bounds}{name}({', '.join(args)}) {{"
-        return "\n".join([*self.prelude(), head, *self.lines, "}", ""])
