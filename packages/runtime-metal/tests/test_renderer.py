@@ -289,13 +289,14 @@ def test_gated_load_and_store(msl) -> None:
 
 
 def test_float4_stores_into_threadgroup_memory(msl) -> None:
-    """A grouped row sum with 4 rows a thread: each thread stores its 4 partial sums into threadgroup memory as one
-    float4, through a pointer in the threadgroup address space; run with Metal's launch shape, against numpy."""
+    """A grouped row sum with 4 rows a thread, 64 threads a group (two SIMD groups): the first thread of each SIMD
+    group stores its 4 partial sums into threadgroup memory as one float4, through a pointer in the threadgroup address
+    space; run with Metal's launch shape, against numpy."""
     lazygrad = pytest.importorskip("lazygrad", reason="builds the kernel from a Tensor graph: needs the frontend")
     from lazygrad_codegen import Opt, OptOps, get_program
 
     (si,) = lazygrad.Tensor.empty(8, 64, device="PYTHON").sum(axis=1).schedule()
-    opts = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUPTOP, 0, 16)]
+    opts = [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.GROUPTOP, 0, 64)]
     spec = get_program(si.ast, MetalRenderer(), opts)
     assert "(*((threadgroup float4*)(temp0+" in spec.src and "(*((device float4*)(data0+" in spec.src
     msl(spec.src)

@@ -15,7 +15,8 @@ or a method to override:
   `render_cast`, `render_bitcast`), the expression of each op (`code_for_op`, `render_alu`: math function names,
   half and bfloat16 computed in float);
 - vectors (`render_vectorize`, `render_gep`) and memory (`render_memory`, `render_load`, `render_store`);
-- tensor cores: `render_wmma` gives the name and definition of the function a `WMMA` calls.
+- tensor cores: `render_wmma` gives the name and definition of the function a `WMMA` calls;
+- warps: `warp_size` and `render_shuffle_xor`, the expression of a `SHUFFLE_XOR` (always a statement of its own).
 
 Vector loads and stores read and write consecutive elements through a pointer cast to the vector type, in the
 buffer's address space (`*((device float4*)(data0+i))` in Metal; OpenCL overrides `render_load`/`render_store` with
@@ -255,6 +256,11 @@ class CStyleLanguage(Renderer):
         vector. Dialects with tensor cores implement it; the definition goes before the kernel once per name."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores (can't render {wmma.arg[0]})")
 
+    def render_shuffle_xor(self, x: str, offset: int, dtype: DType) -> str:
+        """The value of scalar expression `x` of `dtype` in the thread of this one's warp whose lane is this
+        thread's lane XOR `offset` (`SHUFFLE_XOR`); dialects that declare a `warp_size` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no warp shuffles (its warp_size is {self.warp_size})")
+
     # *** the kernel ***
 
     def render_workitem(self, kind: str, dim: int, workgroup: Workgroup | None) -> str:
@@ -426,6 +432,10 @@ class CStyleLanguage(Renderer):
                 else:
                     picked = [self.render_gep(r[src[0]], lane, src[0].dtype) for lane in lanes]
                 value(u, picked[0] if len(picked) == 1 else self.render_vectorize(u.dtype, picked), "gep")
+            elif op is Ops.SHUFFLE_XOR:
+                # a statement of its own, never inlined: a ternary (a MAX, a WHERE) would run it in some threads only
+                r[u] = fresh("shfl")
+                line(f"{self.render_dtype(u.dtype)} {r[u]} = {self.render_shuffle_xor(r[src[0]], u.arg, u.dtype)};")
             elif op is Ops.WMMA:
                 fn, _ = self.render_wmma(u)
                 r[u] = fresh("wmma")

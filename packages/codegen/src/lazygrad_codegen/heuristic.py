@@ -4,7 +4,9 @@ In order:
 
 1. tensor cores, when the renderer has some and the kernel is a matmul they fit (padding allowed);
 2. on GPUs, a grouped reduction (GROUPTOP) when the output is too small to keep the device busy but the reduction
-   is long;
+   is long; on GPUs with warp shuffles (`warp_size`), a reduction to very few outputs gets the largest workgroup
+   (up to 1024 threads, whole warps that combine by shuffles), and a reduction whose length no such group divides is
+   padded to a multiple of one first;
 3. register reuse: a load that does not depend on an output axis (stride 0 along it, as B along the rows of a matmul)
    is read once for every output along that axis a thread computes, so such axes are upcast, the one the output
    is contiguous along first and widest (a multiple of the vector width, so loads and stores are vectors), until
@@ -24,7 +26,7 @@ What assumes a CPU: the upcast widths come from the renderer's `vector_width` (t
 
 from __future__ import annotations
 
-from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
+from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -166,8 +168,13 @@ def _tensor_cores(k: Kernel) -> bool:
     return True
 
 
+# at most this many outputs count as "very few": each gets a whole workgroup of warps to itself
+FEW_OUTPUTS = 16
+
+
 def _group(k: Kernel) -> None:
-    """GROUPTOP a long reduction when there are few outputs."""
+    """GROUPTOP a long reduction when there are few outputs; with warp shuffles, bigger groups for very few outputs
+    and padding (sums) when no group size divides the reduction."""
     outputs = 1
     for s in k.sizes(AxisType.GLOBAL):
         outputs *= s if isinstance(s, int) else 1024
@@ -175,10 +182,27 @@ def _group(k: Kernel) -> None:
     if not reduce_axes or outputs > 2048:
         return
     axis = reduce_axes[-1]
-    for amount in (256, 128, 64, 32, 16):
-        size = k.full_shape[axis]
-        if isinstance(size, int) and size % amount == 0 and size >= 2 * amount:
-            if _try(k, Opt(OptOps.GROUPTOP, _index_among(k, axis, AxisType.REDUCE), amount)):
+    n = _index_among(k, axis, AxisType.REDUCE)
+    amounts = [256, 128, 64, 32, 16]
+    warp = warp_size(k.renderer)
+    if warp and outputs <= FEW_OUTPUTS:
+        amounts = [a for a in (1024, 512) if a <= k.renderer.max_workgroup_threads] + amounts
+    size = k.full_shape[axis]
+    if not isinstance(size, int):
+        return
+    for amount in amounts:
+        if size % amount == 0 and size >= 2 * amount and _try(k, Opt(OptOps.GROUPTOP, n, amount)):
+            return
+    if not warp:
+        return
+    # no group divides the length: pad it to whole warps, at most a quarter more elements
+    pad_axis = len(k.axes(AxisType.GLOBAL)) + n
+    for amount in amounts:
+        if amount % warp == 0 and size >= 4 * amount:
+            trial = k.copy()
+            opts = [Opt(OptOps.PADTO, pad_axis, amount), Opt(OptOps.GROUPTOP, n, amount)]
+            if all(_try(trial, o) for o in opts):
+                k.apply_opts(opts)
                 return
 
 

@@ -11,9 +11,11 @@ kernel the same way:
 - `UNROLL(axis, amt)`: splits `amt` off a REDUCE axis as an UNROLL axis: `amt` elements of the reduction per loop step;
 - `LOCAL(axis, amt)`: splits `amt` off a GLOBAL axis as a LOCAL axis: threads of one workgroup (GPUs);
 - `GROUP(axis, amt)`, `GROUPTOP`: split `amt` off a REDUCE axis (its inner / outer part) as a GROUP_REDUCE axis:
-  threads of a workgroup reduce parts of the axis and combine them through shared memory;
+  threads of a workgroup reduce parts of the axis and combine them through shared memory, or, on a renderer that
+  declares a `warp_size`, first within each warp by shuffles (`Kernel.warp_split`);
 - `PADTO(axis, amt)`: pads a GLOBAL or REDUCE axis (`axis` indexes the GLOBAL axes, then the REDUCE axes) to a
-  multiple of `amt`; the padding is masked;
+  multiple of `amt`; the padding is masked: loads read 0 there, and a reduction that zeros would change (a max, or
+  a sum of something nonzero at zero) gets its reduction's identity for the padded elements (`reduce_mask`);
 - `SWAP(axis, other)`: swaps two GLOBAL axes (their loop order, or which hardware dimension each gets);
 - `NOLOCALS`: no LOCAL axes at all on a GPU (must come before any LOCAL);
 - `TC(axis, (select, pad))`: runs the matmul of the kernel on tensor cores: `axis` picks one of the matching (N, M, K)
@@ -34,6 +36,7 @@ from enum import Enum, auto
 from typing import Any
 
 from lazygrad_uop.device import Renderer, TensorCore
+from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
 from lazygrad_uop.views import ShapeTracker
@@ -187,6 +190,18 @@ def _is_int(s: sint) -> bool:
     return isinstance(s, int)
 
 
+def warp_size(renderer: Renderer) -> int:
+    """The threads of one warp (SIMD group) whose values `SHUFFLE_XOR` exchanges on `renderer`, or 0 when it has no
+    shuffles: its `warp_size` (CUDA 32, Metal 32), which must be a power of two that divides the hardware's warps,
+    on a renderer with local dimensions."""
+    width = renderer.warp_size
+    if not isinstance(width, int) or width < 0 or width & (width - 1):
+        raise ValueError(
+            f"{type(renderer).__name__}.warp_size must be 0 (no shuffles) or a power of two, got {width!r}"
+        )
+    return width if width >= 2 and renderer.has_local else 0
+
+
 @dataclass
 class Kernel:
     """A kernel AST together with the shape its loops will have: one ShapeTracker per VIEW of the AST (all with the
@@ -204,6 +219,9 @@ class Kernel:
     # the AST nodes that give the tensor core's A and B operands (a LOAD, or a CAST of one)
     tc_operands: tuple[UOp, UOp] | None = field(init=False, default=None)
     use_locals: bool = field(init=False, default=True)
+    # after PADTO on a reduce axis that zeros can't pad: a view (key of `views`, not in the AST) of the full shape
+    # that is valid exactly on the elements that are not padding
+    reduce_mask: UOp | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.shape = kernel_shape(self.ast)
@@ -502,12 +520,33 @@ class Kernel:
         if local_max is not None and amount > max(local_max):
             raise KernelOptError(f"a local dimension of {amount} is over the renderer's local_max {local_max}")
 
+    def warp_split(self) -> tuple[int, int] | None:
+        """How a grouped reduction of G threads is combined on a renderer with warp shuffles: `(lanes, warps)`,
+        lanes x warps = G. First a butterfly of shuffles over `lanes` threads of one warp (log2(lanes) steps), then,
+        when `warps` > 1, one partial result per warp through shared memory. None (shared memory only) when the
+        renderer has no shuffles or G neither is a multiple of its warp width nor divides it.
+
+        Threads are numbered with the GROUP_REDUCE axes innermost (lidx0), so a warp holds whole groups (G <= warp)
+        or consecutive threads of one group (G a multiple of the warp)."""
+        width, group = warp_size(self.renderer), self.lanes(AxisType.GROUP_REDUCE)
+        if width == 0 or group < 2 or not self.axes(AxisType.GROUP_REDUCE):
+            return None
+        if group % width == 0:
+            return width, group // width
+        if width % group == 0:
+            return group, 1
+        return None
+
     def shared_bytes(self) -> int:
-        """Bytes of shared memory the grouped reductions need: one slot per output lane, per thread, per reduction."""
+        """Bytes of shared memory the grouped reductions need: one slot per output lane, per thread (per warp when
+        warps shuffle first), per reduction."""
         if not self.axes(AxisType.GROUP_REDUCE):
             return 0
         per_thread = self.lanes(AxisType.UPCAST)
-        return sum(self.workgroup_threads() * per_thread * r.dtype.itemsize for r in self.reduceops)
+        slots = self.workgroup_threads()
+        if (split := self.warp_split()) is not None:
+            slots = 0 if split[1] == 1 else slots // split[0]
+        return sum(slots * per_thread * r.dtype.itemsize for r in self.reduceops)
 
     def _check_shared(self) -> None:
         if (need := self.shared_bytes()) > self.renderer.shared_max:
@@ -529,7 +568,15 @@ class Kernel:
         if to > 2 * size:  # type: ignore[operator]
             raise KernelOptError(f"padding {size} to {to} would more than double the work on that axis")
         if self.axis_types[axis] is AxisType.REDUCE:
-            check_reduce_padding(self)
+            try:
+                check_reduce_padding(self)
+            except KernelOptError:
+                # the padding can't be left to read as zeros: lowering replaces it by each reduction's identity
+                if self.tensor_core is not None:
+                    raise
+                if self.reduce_mask is None:
+                    self.reduce_mask = UOp(Ops.VIEW, dtypes.bool, arg=ShapeTracker.from_shape(self.full_shape))
+                    self.views[self.reduce_mask] = self.reduce_mask.arg
         self.pad_axis(axis, to)
 
 

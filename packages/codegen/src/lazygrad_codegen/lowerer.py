@@ -19,7 +19,10 @@ renderer takes and merges neighbouring scalar loads and stores into vector ones.
 
 A grouped reduction (GROUP_REDUCE axes) stores each thread's partial result in local memory (`DEFINE_LOCAL`),
 waits at a `BARRIER`, and lets every thread sum its group's partials in a loop; only the threads at group position 0
-store the result. A reduction on tensor cores is a chain of `WMMA` ops on the operands' register vectors.
+store the result. On a renderer with a `warp_size` (`Kernel.warp_split`), the threads of each warp first combine
+their partials by a butterfly of `SHUFFLE_XOR`s; a group within one warp then needs no local memory at all, and a
+group of several warps stores one partial per warp and combines those by shuffles again (or in a loop when their
+number is not a power of two). A reduction on tensor cores is a chain of `WMMA` ops on the operands' register vectors.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError
+from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import concat, gep, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
@@ -286,12 +289,16 @@ class _Lowerer:
     def _reduce(self, red: UOp) -> UOp:
         op = _reduce_alu(red.arg[0], red.dtype)
         x = self.value(red.src[0], self.full)
+        identity = _identity(red.arg[0], red.dtype)
+        if self.k.reduce_mask is not None:
+            # padded elements of the reduce axes count as the identity
+            valid = [v for _, v in self.indexed(self.k.reduce_mask, self.full)]
+            x = vectorize([v.where(gep(x, (i,)), identity) for i, v in enumerate(valid)])
         n_out = self.out.n
         n_unroll = self.full.n // n_out
         a = self._acc_multiplicity(n_out, n_unroll)
         n_acc = n_out * a
         slices = [gep(x, range(u * n_acc, (u + 1) * n_acc)) for u in range(n_unroll // a)]
-        identity = _identity(red.arg[0], red.dtype)
         if self.reduce_ranges:
             acc = self._acc(red.dtype, n_acc, identity, self.reduce_ranges)
             new = acc
@@ -323,29 +330,61 @@ class _Lowerer:
 
     def _group_reduce(self, red: UOp, res: UOp, op: Ops, identity: UOp) -> UOp:
         k = self.k
-        n_out = res.dtype.count
         groups, local = k.axes(AxisType.GROUP_REDUCE), k.axes(AxisType.LOCAL)
-        g_size = k.lanes(AxisType.GROUP_REDUCE)
-        size = k.lanes(AxisType.LOCAL) * g_size * n_out
-        buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(size, local=True), arg=f"temp{self.local_buffers}")
-        self.local_buffers += 1
         l_flat, g_flat = self._flat(local), self._flat(groups)
-        base = (l_flat * g_size + g_flat) * n_out
-        stores = tuple(
-            UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, base + o)), gep(res, (o,))))
-            for o in range(n_out)
-        )
-        barrier = UOp(Ops.BARRIER, dtypes.void, stores)
-        second = UOp.range(g_size, k.rank + self.local_buffers)
-        acc = self._acc(red.dtype, n_out, identity, (second,))
-        row = (l_flat * g_size + second) * n_out
-        loads = [UOp(Ops.LOAD, red.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, row + o)), barrier)) for o in range(n_out)]
         first_in_group = None
         for g in groups:
             is_first = self.idx[g].eq(0)
             first_in_group = is_first if first_in_group is None else first_in_group & is_first
+        # every thread of a group ends with the whole result; the first one stores it
         self.store_gate = first_in_group
-        return UOp(Ops.ASSIGN, acc.dtype, (acc, acc.alu(op, vectorize(loads))))
+        if (split := k.warp_split()) is None:
+            return self._through_shared(red, res, op, identity, l_flat, g_flat, k.lanes(AxisType.GROUP_REDUCE))
+        lanes, warps = split
+        res = _butterfly(res, op, lanes)
+        if warps == 1:
+            return res
+        # one partial result per warp, written by the warp's first lane
+        return self._through_shared(red, res, op, identity, l_flat, g_flat // lanes, warps, (g_flat % lanes).eq(0))
+
+    def _through_shared(
+        self,
+        red: UOp,
+        res: UOp,
+        op: Ops,
+        identity: UOp,
+        row: UOp,
+        slot: UOp,
+        n: int,
+        writer: UOp | None = None,
+    ) -> UOp:
+        """Combine the partial results `res` of `n` threads (or warps) per row of a workgroup through local memory:
+        each stores its own at (`row`, `slot`) (only where `writer` holds), and after a barrier every thread combines
+        its row's `n`: by a butterfly of shuffles when they fit one warp as a power of two, else in a loop."""
+        n_out = res.dtype.count
+        size = self.k.lanes(AxisType.LOCAL) * n * n_out
+        buf = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(size, local=True), arg=f"temp{self.local_buffers}")
+        self.local_buffers += 1
+        base = (row * n + slot) * n_out
+        gate = () if writer is None else (writer,)
+        stores = tuple(
+            UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, base + o)), gep(res, (o,)), *gate))
+            for o in range(n_out)
+        )
+        barrier = UOp(Ops.BARRIER, dtypes.void, stores)
+
+        def partials(i: UOp) -> UOp:
+            first = (row * n + i) * n_out
+            return vectorize(
+                [UOp(Ops.LOAD, red.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, first + o)), barrier)) for o in range(n_out)]
+            )
+
+        if self.k.warp_split() is not None and n & (n - 1) == 0 and n <= warp_size(self.k.renderer):
+            # lane l of a warp reads partial l mod n: each aligned run of n lanes holds all n, once
+            return _butterfly(partials(self._flat(self.k.axes(AxisType.GROUP_REDUCE)) % n), op, n)
+        second = UOp.range(n, self.k.rank + self.local_buffers)
+        acc = self._acc(red.dtype, n_out, identity, (second,))
+        return UOp(Ops.ASSIGN, acc.dtype, (acc, acc.alu(op, partials(second))))
 
     def _tc_reduce(self, red: UOp) -> UOp:
         k = self.k
@@ -385,6 +424,19 @@ class _Lowerer:
         return out
 
 
+def _butterfly(x: UOp, op: Ops, lanes: int) -> UOp:
+    """`x` combined with `op` over each aligned run of `lanes` threads of a warp (a power of two): log2(lanes) steps,
+    each combining a thread's value with that of the thread whose lane differs in one bit, after which every thread
+    of the run holds the result. Vectors are shuffled lane by lane."""
+    offset = lanes // 2
+    while offset >= 1:
+        lanes_of_x = [gep(x, (o,)) for o in range(x.dtype.count)]
+        other = vectorize([UOp(Ops.SHUFFLE_XOR, v.dtype, (v,), offset) for v in lanes_of_x])
+        x = x.alu(op, other)
+        offset //= 2
+    return x
+
+
 def lower(k: Kernel, width: int = 1) -> LoweredKernel:
     """Lower kernel `k` for its renderer, with vectors of any width (`width` is the renderer's vector width, which
     decides how many lanes an accumulator keeps). The index math is left unsimplified."""
@@ -422,5 +474,7 @@ cleanup_rules = PatternMatcher(
         (UPat(Ops.SINK, name="sink"), _drop_false_stores),
         (UPat(Ops.WHERE, src=(_TRUE, UPat.var("a"), UPat())), lambda a: a),
         (UPat(Ops.WHERE, src=(_FALSE, UPat(), UPat.var("b"))), lambda b: b),
+        # every thread of a warp holds the same constant
+        (UPat(Ops.SHUFFLE_XOR, src=(UPat(Ops.CONST, name="c"),)), lambda c: c),
     ]
 )

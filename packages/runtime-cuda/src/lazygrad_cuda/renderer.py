@@ -9,6 +9,8 @@ What it adds to `CStyleLanguage`:
 - vectors (`VECTORIZE`, `GEP`, `VCONST`, vector loads and stores through a cast pointer, lane-wise ALU ops): CUDA's
   built-in `float4`-style types where they exist, small aligned structs (`lg_halfx8`) where they don't;
 - shared memory (`DEFINE_LOCAL` as `__shared__` arrays), `BARRIER` as `__syncthreads()`, `IF`/`ENDIF` blocks;
+- 32-thread warps (`warp_size`): `SHUFFLE_XOR` as `__shfl_xor_sync` over the full warp, so grouped reductions combine
+  within warps first;
 - `WMMA` as inline PTX `mma.sync.aligned.m16n8k16` or `m16n8k8` (fp16 or bf16 inputs, fp32 accumulate), see
   `render_wmma`;
 - `THREEFRY` (Threefry-2x32, 20 rounds) as a device function.
@@ -76,6 +78,13 @@ __device__ unsigned long long lg_threefry(unsigned long long x, unsigned long lo
 }"""
 
 
+# the types __shfl_xor_sync has overloads for (half and bfloat16 from cuda_fp16.h and cuda_bf16.h)
+_SHUFFLE_TYPES = frozenset(
+    {dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16}
+    | {dtypes.float32, dtypes.float64}
+)
+
+
 def _workitem(kind: str) -> Callable[[int], str]:
     return lambda d: f"(int){kind}.{'xyz'[d]}"
 
@@ -103,6 +112,7 @@ class CUDARenderer(CStyleLanguage):
     # 16-byte aligned, so the float4 loads and stores codegen emits into shared memory are aligned
     smem_prefix = "__shared__ __align__(16) "
     barrier = "__syncthreads();"
+    warp_size = 32
     infinity = "__int_as_float(0x7f800000)"
     nan = "__int_as_float(0x7fffffff)"
     code_for_workitem: ClassVar[dict[str, Callable[[int], str]]] = {
@@ -201,6 +211,16 @@ class CUDARenderer(CStyleLanguage):
                 return super().render_alu(op, dtype, as_float, float_srcs)
             return self.render_cast(super().render_alu(op, dtypes.float32, as_float, float_srcs), dtypes.float32, dtype)
         return super().render_alu(op, dtype, operands, src_dtypes)
+
+    # *** warps ***
+
+    def render_shuffle_xor(self, x: str, offset: int, dtype: DType) -> str:
+        """`__shfl_xor_sync` over the whole warp. Types it has no overload for (bool, 8- and 16-bit integers) travel
+        as int, which holds their values exactly."""
+        if dtype in _SHUFFLE_TYPES:
+            return f"__shfl_xor_sync(0xffffffffu, {x}, {offset})"
+        moved = f"__shfl_xor_sync(0xffffffffu, {self.render_cast(x, dtype, dtypes.int32)}, {offset})"
+        return self.render_cast(moved, dtypes.int32, dtype)
 
     # *** tensor cores ***
 

@@ -7,8 +7,9 @@ parameter order; symbolic variables follow as `constant int&` (set with `setByte
 
 Beyond the C-style base, MSL differs in: type names (`char`, `uchar`, `long`, `half`, `bfloat`; no `double`), math
 functions overloaded by type (`exp2(x)`, not `exp2f(x)`), bit casts through `as_type<T>`, threadgroup memory
-(`threadgroup T buf[n]`) and `threadgroup_barrier`, vectors (`float4(...)`), and the simdgroup_matrix 8x8
-multiply-accumulate that a WMMA UOp becomes. bfloat has no arithmetic of its own worth trusting across Metal
+(`threadgroup T buf[n]`) and `threadgroup_barrier`, vectors (`float4(...)`), SIMD groups of 32 threads
+(`warp_size`, `SHUFFLE_XOR` as `simd_shuffle_xor`), and the simdgroup_matrix 8x8 multiply-accumulate that a WMMA UOp
+becomes. bfloat has no arithmetic of its own worth trusting across Metal
 versions, so every op on bfloat is computed in float and rounded back. The walk over the linear program is the
 base class's (`CStyleLanguage.render`).
 """
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
 MAX_THREADS_PER_THREADGROUP = 1024
 THREADGROUP_MEMORY_BYTES = 32768
 SIMD_WIDTH = 32
+# the types simd_shuffle_xor has overloads for
+_SHUFFLE_TYPES = frozenset(
+    {dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.float16}
+    | {dtypes.float32}
+)
 
 
 class MetalRenderer(CStyleLanguage):
@@ -79,6 +85,7 @@ class MetalRenderer(CStyleLanguage):
     code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {**CStyleLanguage.code_for_op, **OVERLOADED_MATH}
     # the memory fence a BARRIER UOp renders to: threadgroup memory is all a kernel shares between its threads
     barrier: ClassVar[str] = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    warp_size: ClassVar[int] = SIMD_WIDTH
 
     def __init__(self, tensor_cores: tuple[TensorCore, ...] = ()) -> None:
         self.tensor_cores = tuple(tensor_cores)
@@ -141,6 +148,16 @@ class MetalRenderer(CStyleLanguage):
         if dtype.count == 3:
             return f"(*(({self.address_space(index)}packed_{self.render_dtype(dtype)}*){ptr}))"
         return super().render_memory(ptr, dtype, index)
+
+    def render_shuffle_xor(self, x: str, offset: int, dtype: DType) -> str:
+        """`simd_shuffle_xor`. Types it has no overload for travel as what it has: bool as uchar, 64-bit integers and
+        bfloat as the unsigned integers of their size, bit for bit."""
+        if dtype in _SHUFFLE_TYPES:
+            return f"simd_shuffle_xor({x}, {offset})"
+        if dtype == dtypes.bool:
+            return f"(simd_shuffle_xor((uchar)({x}), {offset}) != 0)"
+        carrier = {2: "ushort", 8: "uint2"}[dtype.itemsize]
+        return f"as_type<{self.render_dtype(dtype)}>(simd_shuffle_xor(as_type<{carrier}>({x}), {offset}))"
 
     def render_wmma(self, wmma: UOp) -> tuple[str, str]:
         """The name and definition of the helper a WMMA UOp calls: it puts each thread's elements of A, B and C

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lazygrad_python.interpreter import Interpreter
+from lazygrad_python.interpreter import WARP_SIZE, Interpreter
 from lazygrad_python.program_text import Instr, ProgramTextError, dtype_text, parse_dtype, parse_program, render_program
 from lazygrad_uop.device import (
     BufferSpec,
@@ -40,6 +40,16 @@ class GPUTarget:
     max_workgroup_threads: int = 1024
     supports_float4: bool = True
     vector_width: int = 1
+    # threads whose values SHUFFLE_XOR exchanges (a power of two dividing the interpreter's 32-thread warps), so that
+    # grouped reductions combine within warps first; 0: no shuffles, grouped reductions go through local memory only
+    warp_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warp_size and (self.warp_size < 2 or WARP_SIZE % self.warp_size):
+            raise ValueError(
+                f"GPUTarget.warp_size must be 0 or a power of two from 2 to {WARP_SIZE} (the interpreter's warps), "
+                f"got {self.warp_size}"
+            )
 
 
 class PythonRenderer(Renderer):
@@ -68,6 +78,7 @@ class PythonRenderer(Renderer):
                 supports_float4=target.supports_float4,
                 vector_width=target.vector_width,
                 tensor_cores=target.tensor_cores,
+                warp_size=target.warp_size,
             )
 
     def __reduce__(self) -> tuple[Any, ...]:

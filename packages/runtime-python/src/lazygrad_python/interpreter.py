@@ -7,6 +7,8 @@ Execution model, as on a GPU:
   UOp's value is a list with one value per thread of the warp (vectors are tuples of lanes). Divergence (`IF`, loops
   whose trip count differs between threads) is handled with an active-thread mask: inactive threads neither load,
   store nor update accumulators.
+- `SHUFFLE_XOR` exchanges values between the threads of one warp: thread t (its lane: its index in the warp) gets
+  the value of thread t XOR offset. Every thread of the warp must be active, as a full-mask `__shfl_xor_sync` needs.
 - `DEFINE_LOCAL` memory is shared by the workgroup's warps. `BARRIER` stops a warp until every warp of its workgroup
   reaches the same barrier, so a workgroup of several warps runs them one after another from barrier to barrier.
 - Loops jump the program counter: `END` goes back to the instruction after its `RANGE` while the counter is below the
@@ -159,6 +161,28 @@ class Interpreter:
             regs[r] = fn(regs[a], regs[b], regs[c])
 
         return wmma
+
+    def _shuffle_xor(self, i: int, x: Instr) -> Step:
+        offset = x.arg
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 1 or offset & (offset - 1):
+            raise ValueError(f"SHUFFLE_XOR {i}: the offset must be a positive power of two, got {offset!r}")
+        if offset >= self.warp_size:
+            raise ValueError(f"SHUFFLE_XOR {i}: offset {offset} leaves a warp of {self.warp_size} threads")
+        if self.instrs[x.src[0]].dtype.count != 1:
+            raise ValueError(f"SHUFFLE_XOR {i}: shuffles scalars, got {self.instrs[x.src[0]].dtype!r}")
+        r, (a,) = self.reg[i], self._srcs(x)
+
+        def shuffle_xor(regs: list[Any], w: _Warp) -> None:
+            if w.mask is not None:
+                raise InterpreterError(f"SHUFFLE_XOR {i} runs on a warp where some threads are inactive")
+            vals = regs[a]
+            n = len(vals)
+            if n % (2 * offset):
+                # a partial warp (the workgroup's last) lacks the partner of some of its lanes
+                raise InterpreterError(f"SHUFFLE_XOR {i}: offset {offset} in a warp of only {n} threads")
+            regs[r] = [vals[t ^ offset] for t in range(n)]
+
+        return shuffle_xor
 
     def _convert(self, i: int, x: Instr) -> Step:
         src = self.instrs[x.src[0]].dtype
@@ -534,4 +558,5 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.ENDIF: Interpreter._endif,
     Ops.BARRIER: Interpreter._barrier,
     Ops.WMMA: Interpreter._wmma,
+    Ops.SHUFFLE_XOR: Interpreter._shuffle_xor,
 }

@@ -333,8 +333,10 @@ class Renderer(abc.ABC):
     Limits the code generator's optimisations respect: `vector_width` (lanes of one vector ALU op and of an unaligned
     vector load or store; 1 means scalar arithmetic, with `supports_float4` still allowing aligned 2- and 4-element
     loads and stores), `max_upcast` (the register budget: the most elements a thread may hold for upcast and unrolled
-    axes together), `max_workgroup_threads` (threads of one workgroup), and `has_threads` (a host target that runs a
-    kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`).
+    axes together), `max_workgroup_threads` (threads of one workgroup), `has_threads` (a host target that runs a
+    kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`), and `warp_size`
+    (threads whose values `SHUFFLE_XOR` exchanges, a power of two dividing the hardware's warp; 0: no shuffles, so
+    grouped reductions combine through shared memory only).
     """
 
     device: ClassVar[str] = ""
@@ -349,6 +351,7 @@ class Renderer(abc.ABC):
     vector_width: ClassVar[int] = 1
     max_upcast: ClassVar[int] = 256
     max_workgroup_threads: ClassVar[int] = 1024
+    warp_size: ClassVar[int] = 0
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 

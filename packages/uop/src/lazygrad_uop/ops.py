@@ -5,7 +5,8 @@
 2. Kernel AST (emitted by the scheduler): SINK of STOREs; LOADs of DEFINE_GLOBALs indexed through VIEWs;
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
-   DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, ALU ops.
+   DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, SHUFFLE_XOR,
+   ALU ops.
 
 The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
 """
@@ -62,6 +63,9 @@ class Ops(Enum):
     VECTORIZE = auto()
     GEP = auto()
     WMMA = auto()
+
+    # threads of one warp
+    SHUFFLE_XOR = auto()
 
     # unary
     CAST = auto()
@@ -147,4 +151,8 @@ OP_DOCS: dict[Ops, str] = {
     Ops.GEP: "src=(vector,); arg=tuple of lane numbers",
     Ops.WMMA: "src=(A, B, C) vectors; arg=(name, (N, M, K), dtype_in, dtype_out, threads,"
     " (A, B, C elements per thread), layout): one tensor-core instruction, laid out as TensorCore.swizzle says",
+    Ops.SHUFFLE_XOR: "src=(x,) a scalar; arg=offset, a power of two below the renderer's warp_size: the value of x in"
+    " the thread of the same warp whose lane is this thread's lane XOR offset (lane: the thread's linear index in its"
+    " workgroup, x fastest, modulo warp_size); every thread of the warp runs it together, none masked off"
+    " (CUDA __shfl_xor_sync, Metal simd_shuffle_xor)",
 }
