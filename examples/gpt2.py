@@ -143,8 +143,7 @@ class Attention:
             mask = Tensor.full((1, 1, seqlen, end), -math.inf).triu(resolve(start_pos) + 1)
         q, keys, values = (t.transpose(1, 2) for t in (q, keys, values))
         scores = q @ keys.transpose(2, 3) * (1 / math.sqrt(q.shape[-1]))
-        # stored once: fused into the product with the values, each exp would be recomputed for every value dim
-        weights = (scores if mask is None else scores + mask).softmax(-1).contiguous()
+        weights = (scores if mask is None else scores + mask).softmax(-1)
         out = weights @ values
         return self.c_proj(out.transpose(1, 2).reshape(batch, seqlen, width))
 
@@ -165,8 +164,7 @@ class Block:
 
     def __call__(self, x: Tensor, start_pos: int | UOp) -> Tensor:
         h = x + self.attn(self.ln_1(x), start_pos)
-        # stored once: fused into c_proj's matmul, the tanh would be recomputed for each of its n_embd outputs
-        act = self.mlp_c_fc(self.ln_2(h)).gelu(approximate="tanh").contiguous()
+        act = self.mlp_c_fc(self.ln_2(h)).gelu(approximate="tanh")
         return h + self.mlp_c_proj(act)
 
 

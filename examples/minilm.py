@@ -81,8 +81,7 @@ class BertLayer:
         qkv = self.qkv(x).reshape(b, t, 3, self.n_heads, h // self.n_heads).permute(2, 0, 3, 1, 4)
         ctx = qkv[0].scaled_dot_product_attention(qkv[1], qkv[2], attn_mask=keep)
         x = self.attn_norm(self.attn_out(ctx.transpose(1, 2).reshape(b, t, h)) + x)
-        # realised once: left lazy, the erf of each hidden unit is recomputed inside the next matmul for every output
-        ff = self.ff_out(self.ff_in(x).gelu().contiguous())
+        ff = self.ff_out(self.ff_in(x).gelu())
         return self.ff_norm(ff + x)
 
 

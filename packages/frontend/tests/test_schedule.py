@@ -150,3 +150,54 @@ def test_pad_of_a_value_that_is_not_zero_at_zero() -> None:
     np.testing.assert_allclose(Tensor(x).log2().pad(((0, 2),)).numpy(), np.pad(np.log2(x), (0, 2)), rtol=1e-6)
     # ops that keep 0 at 0 still fuse the pad into one kernel
     assert len((Tensor(x) * 2 + 1).pad(((1, 1),)).schedule()) == 1
+
+
+def _kernels_computing(items: list, op: Ops) -> list:
+    """The schedule items whose kernel computes `op`."""
+    return [si for si in items if any(u.op is op for u in si.ast.toposort)]
+
+
+def test_gelu_before_a_matmul_is_computed_once_per_element() -> None:
+    x, w = rnd(1, 64), rnd(64, 32)
+    out = x.gelu(approximate="tanh") @ w
+    items = out.schedule()
+    # the gelu in an elementwise kernel of its own, the matmul reading it: not recomputed for each of its 32 columns
+    assert len(items) == 2
+    (gelu,) = _kernels_computing(items, Ops.EXP2)
+    assert not _kernels_computing([gelu], Ops.REDUCE_AXIS)
+    xn = x.numpy()
+    ref = 0.5 * xn * (1 + np.tanh(np.sqrt(2 / np.pi) * (xn + 0.044715 * xn**3))) @ w.numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_exp_before_a_matmul_is_computed_once_per_element() -> None:
+    x, w = rnd(4, 32), rnd(32, 48)
+    out = (x.exp() * 2) @ w
+    items = out.schedule()
+    assert len(items) == 2
+    (exp,) = _kernels_computing(items, Ops.EXP2)
+    assert not _kernels_computing([exp], Ops.REDUCE_AXIS)
+    np.testing.assert_allclose(out.numpy(), (np.exp(x.numpy()) * 2) @ w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_cheap_producers_still_fuse() -> None:
+    x, w = rnd(4, 16), rnd(16, 24)
+    scaled = (x * 2) @ w
+    assert len(scaled.schedule()) == 1
+    np.testing.assert_allclose(scaled.numpy(), (x.numpy() * 2) @ w.numpy(), rtol=1e-5, atol=1e-5)
+    total = x.exp().sum()  # not broadcast: each exp is computed once either way
+    assert len(total.schedule()) == 1
+    np.testing.assert_allclose(total.numpy(), np.exp(x.numpy()).sum(), rtol=1e-5)
+
+
+def test_attention_weights_are_computed_once_per_element() -> None:
+    q, k = rnd(2, 8, 16), rnd(2, 12, 16)
+    v = Tensor(np.random.default_rng(7).standard_normal((2, 12, 16)).astype(np.float32))
+    out = (q @ k.transpose(1, 2) * 0.25).softmax(-1) @ v
+    items = out.schedule()
+    # scores, max, sum, weights, weights @ v: the same kernels as with .contiguous() after the softmax
+    assert len(items) == 5
+    assert not _kernels_computing(items[-1:], Ops.EXP2)
+    s = q.numpy() @ k.numpy().transpose(0, 2, 1) * 0.25
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True) @ v.numpy(), rtol=1e-5, atol=1e-5)

@@ -503,6 +503,157 @@ def test_reduction_broadcast_back_is_stored() -> None:
     assert m in r.becomes and len(r.items) == 2
 
 
+# *** producers a reduction reads through a broadcast: recomputed per read, or stored once ***
+
+
+def matmul(a: UOp, b: UOp) -> UOp:
+    """a (m, k) @ b (k, n) as the frontend builds it: both broadcast to (m, n, k), multiplied, summed over k."""
+    (m, k), (_, n) = shape_of(a), shape_of(b)
+    lhs = mv(mv(a, Ops.RESHAPE, (m, 1, k)), Ops.EXPAND, (m, n, k))
+    rhs = mv(mv(mv(b, Ops.PERMUTE, (1, 0)), Ops.RESHAPE, (1, n, k)), Ops.EXPAND, (m, n, k))
+    return mv(red(mul(lhs, rhs), Ops.ADD, (2,)), Ops.RESHAPE, (m, n))
+
+
+def exp(x: UOp) -> UOp:
+    """e**x, as the frontend writes it: exp2(x / ln 2)."""
+    return mul(x, const(1 / math.log(2), shape_of(x))).alu(Ops.EXP2)
+
+
+def tanh_gelu(x: UOp) -> UOp:
+    """GELU's tanh approximation, with tanh(y) = 2 / (1 + e**(-2y)) - 1."""
+    shape = shape_of(x)
+    inner = mul(add(x, mul(mul(mul(x, x), x), const(0.044715, shape))), const(math.sqrt(2 / math.pi), shape))
+    tanh = add(
+        mul(add(const(1, shape), exp(mul(inner, const(-2, shape)))).alu(Ops.RECIP), const(2, shape)), const(-1, shape)
+    )
+    return mul(mul(x, const(0.5, shape)), add(tanh, const(1, shape)))
+
+
+def np_tanh_gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def kernels_with(r: Run, op: Ops) -> list[ScheduleItem]:
+    """The kernels whose AST computes `op`."""
+    return [si for si in r.items if any(u.op is op for u in si.ast.toposort)]
+
+
+def assert_computed_once_per_element(r: Run, producer: UOp) -> None:
+    """`producer` is stored, by an elementwise kernel (no loop that could repeat it) that is the only one computing
+    EXP2: the reduction reads the stored values."""
+    assert producer in r.becomes, "the expensive producer is not stored"
+    (kernel,) = kernels_with(r, Ops.EXP2)
+    assert not any(u.op is Ops.REDUCE_AXIS for u in kernel.ast.toposort)
+    (store,) = [u for u in kernel.ast.src if u.op is Ops.STORE]
+    assert store.src[1].arg.size == math.prod(shape_of(producer))
+
+
+def test_gelu_before_a_matmul_is_stored_once() -> None:
+    t = Inputs()
+    x, w = t(4, 32), t(32, 32)
+    act = tanh_gelu(scale(x, 0.25))
+    r = run([matmul(act, w)], t.data)
+    assert len(r.items) == 2
+    assert_computed_once_per_element(r, act)
+    x_np, w_np = t.data[x.src[0]].reshape(4, 32), t.data[w.src[0]].reshape(32, 32)
+    got = r.memory.array(buffer_of(r.after[0].src[0].src[0])).reshape(4, 32)
+    np.testing.assert_allclose(got, np_tanh_gelu(x_np * 0.25) @ w_np, rtol=1e-5, atol=1e-5)
+
+
+def test_exp_before_a_matmul_is_stored_once() -> None:
+    t = Inputs()
+    x, w = t(4, 32), t(32, 32)
+    e = scale(exp(x), 2)
+    r = run([matmul(e, w)], t.data)
+    assert len(r.items) == 2
+    assert_computed_once_per_element(r, e)
+
+
+@pytest.mark.parametrize("producer", ["scale", "scale_and_bias", "neg_max"])
+def test_cheap_producer_of_a_matmul_fuses(producer: str) -> None:
+    # large enough that another kernel's launch is a small part of storing the producer
+    t = Inputs()
+    x, w = t(8, 32), t(32, 64)
+    cheap = {
+        "scale": lambda: mul(x, const(2, (8, 32))),
+        "scale_and_bias": lambda: scale(x, 2, 1),
+        "neg_max": lambda: x.alu(Ops.NEG).alu(Ops.MAX, const(0, (8, 32))),
+    }[producer]()
+    r = run([matmul(cheap, w)], t.data)
+    assert len(r.items) == 1
+
+
+def test_ops_on_constants_alone_cost_nothing() -> None:
+    # exp2(1 / 3) is folded to a constant when the kernel compiles: x times it is a cheap producer
+    t = Inputs()
+    x, w = t(4, 32), t(32, 32)
+    folded = const(3, (4, 32)).alu(Ops.RECIP).alu(Ops.EXP2)
+    r = run([matmul(mul(x, folded), w)], t.data)
+    assert len(r.items) == 1
+
+
+def test_expensive_producer_read_twice_is_recomputed() -> None:
+    # two columns: each exp is computed once more than needed, cheaper than another kernel writing it and this one
+    # reading it back
+    t = Inputs()
+    x, w = t(64, 32), t(32, 2)
+    r = run([matmul(exp(x), w)], t.data)
+    assert len(r.items) == 1
+
+
+def test_expensive_producer_not_broadcast_fuses() -> None:
+    t = Inputs()
+    x = t(8, 6)
+    r = run([red(exp(x), Ops.ADD, (0, 1))], t.data)  # x.exp().sum(): each exp computed once
+    assert len(r.items) == 1
+
+
+def test_expensive_producer_broadcast_into_a_plain_reduction() -> None:
+    t = Inputs()
+    a, b = t(64), t(64, 32)
+    bcast = mv(mv(exp(a), Ops.RESHAPE, (64, 1)), Ops.EXPAND, (64, 32))
+    r = run([red(mul(bcast, b), Ops.ADD, (0,))], t.data)
+    assert len(r.items) == 2
+    (stored,) = (u for u in r.becomes if u is not r.outputs[0])
+    assert_computed_once_per_element(r, stored)
+
+
+def test_softmax_weights_before_a_matmul_are_stored_once() -> None:
+    t = Inputs()
+    scores, v = t(16, 32), t(32, 16)
+    weights = softmax(scores)
+    r = run([matmul(weights, v)], t.data)
+    assert weights in r.becomes
+    # max, sum, the weights, the product: exp2 only where the sum and the weights need it, never in the product
+    assert len(r.items) == 4
+    assert not any(u.op is Ops.EXP2 for u in r.items[-1].ast.toposort)
+    s_np, v_np = t.data[scores.src[0]].reshape(16, 32), t.data[v.src[0]].reshape(32, 16)
+    e = np.exp(s_np - s_np.max(-1, keepdims=True))
+    got = r.memory.array(buffer_of(r.after[0].src[0].src[0])).reshape(16, 16)
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) @ v_np, rtol=1e-5, atol=1e-5)
+
+
+def test_stored_producer_takes_the_reduction_under_it_as_epilogue() -> None:
+    # gelu(x @ w1) @ w2: gelu is stored by the first product's kernel, not by a third kernel after it
+    t = Inputs()
+    x, w1, w2 = t(4, 8), t(8, 32), t(32, 32)
+    hidden = tanh_gelu(scale(matmul(x, w1), 0.1))
+    r = run([matmul(hidden, w2)], t.data)
+    assert hidden in r.becomes
+    assert len(r.items) == 2 and r.reduces() == 2
+
+
+def test_pieces_over_one_reduction_shared_by_two_kernels_store_the_reduction() -> None:
+    # both outputs read exp(h) and relu(h) of one product h: storing each piece would compute h in each piece's kernel
+    t = Inputs()
+    x, w = t(4, 6), t(6, 5)
+    h = matmul(x, w)
+    p, q = exp(scale(h, -0.1)), h.alu(Ops.MAX, const(0, (4, 5)))
+    r = run([add(p, q), mv(mul(p, q), Ops.RESHAPE, (20,))], t.data)
+    assert h.src[0] in r.becomes and p not in r.becomes and q not in r.becomes  # h: a reshape of the reduction
+    assert len(r.items) == 3 and r.reduces() == 1
+
+
 # *** in-place updates ***
 
 

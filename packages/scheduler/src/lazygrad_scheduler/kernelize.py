@@ -7,7 +7,12 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 - elementwise chains, and elementwise producers of a reduction, fuse into one kernel;
 - elementwise consumers of a reduction fuse as its epilogue while only reshapes stand between them;
 - movement ops become ShapeTrackers on the loads at the leaves, so they never copy;
-- a reduction read by several kernels, nested inside another reduction, or broadcast back (softmax's max) is stored;
+- a reduction read by several kernels, nested inside another reduction, or broadcast back (softmax's max) is stored
+  (with the shared value over it as epilogue, unless the kernels share several values over it);
+- an elementwise producer that a reduction reads through a broadcast (each element feeding many of its outputs, as
+  a matmul's left operand feeds every column) is stored when recomputing it for every read costs more ALU work
+  than storing it once and reloading it: GELU before a matmul, softmax's exp before weights @ values; cheap
+  producers (a cast, a scale, a bias) still fuse;
 - an elementwise value read by several kernels is recomputed unless storing it once moves fewer bytes;
 - outputs of one shape that share inputs are computed by one kernel with several STOREs.
 """
@@ -133,8 +138,9 @@ def _root_value(root: UOp) -> UOp:
     return root
 
 
-def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
-    """The nodes that fuse into `root`'s kernel; reductions that can't fuse go into `must_realize`."""
+def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp], constant: set[UOp]) -> _Group:
+    """The nodes that fuse into `root`'s kernel; reductions that can't fuse, and producers too costly to recompute
+    inside its reduction, go into `must_realize`. `constant`: the nodes computed from constants alone."""
     g = _Group(root)
     # (node, only elementwise/reshape ops between it and the root, below a reduction)
     stack: list[tuple[UOp, bool, bool]] = [(_root_value(root), True, False)]
@@ -150,6 +156,12 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
             continue
         if u.op in (Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND):
             continue
+        # decided from the top down, so the largest such producer is stored, before the reductions under it are
+        # found: stored on its own, it takes them as its epilogue instead of reading them back
+        if in_reduce and g.reduce_sig is not None and _recompute_costs_more(u, g.reduce_sig[0], realized, constant):
+            must_realize.add(u)
+            g.leaves.add(u)
+            continue
         if u.op is Ops.REDUCE_AXIS:
             sig = (shape_of(u.src[0]), u.arg[1])
             if in_reduce or not path_ok or (g.reduce_sig is not None and g.reduce_sig != sig):
@@ -164,6 +176,58 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp]) -> _Group:
         keeps = path_ok and (u.op in GroupOp.Elementwise or u.op in PASSTHROUGH or u.op is Ops.RESHAPE)
         stack.extend((s, keeps, in_reduce) for s in u.src if s.op is not Ops.DEVICE)
     return g
+
+
+# The cost of computing one element, in cheap ALU ops (an add, a multiply, a compare, a cast): transcendentals are
+# library calls or polynomial expansions on most devices, divisions and square roots take several cycles. Ops not
+# listed cost 1.
+ALU_COST: dict[Ops, int] = {
+    **dict.fromkeys((Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.THREEFRY), 16),
+    **dict.fromkeys((Ops.SQRT, Ops.RECIP, Ops.IDIV, Ops.MOD), 4),
+    Ops.BITCAST: 0,
+}
+# ALU ops per element read that a reduction's loop does for free: they run while its loads wait on memory, so a cheap
+# producer (a cast, a scale, a bias) is recomputed rather than sent through memory
+FREE_OPS = 4
+# ALU ops that moving one byte through memory is worth: about a CPU's ALU throughput over its memory bandwidth (GPUs
+# have more ALU per byte, and there this errs towards storing)
+OPS_PER_BYTE = 4
+# ALU ops that launching one more kernel is worth (a few microseconds): small producers stay fused
+LAUNCH_OPS = 2**14
+
+
+def _alu_cost(u: UOp, realized: set[UOp], constant: set[UOp], limit: float) -> float:
+    """ALU ops (in ALU_COST units) to compute one element of `u` in a kernel that loads its leaves, realized nodes and
+    reductions (which a reading reduction stores anyway); the count stops once it exceeds `limit`. Ops on constants
+    alone cost nothing: codegen folds them."""
+    total, stack, seen = 0, [u], set()
+    while stack and total <= limit:
+        n = stack.pop()
+        if n in seen or n in constant or is_leaf(n) or (n in realized and n is not u) or n.op is Ops.REDUCE_AXIS:
+            continue
+        seen.add(n)
+        if n.op in GroupOp.Elementwise:
+            total += ALU_COST.get(n.op, 1)
+        stack.extend(s for s in n.src if s.op is not Ops.DEVICE)
+    return total
+
+
+def _recompute_costs_more(u: UOp, loop_shape: tuple[sint, ...], realized: set[UOp], constant: set[UOp]) -> bool:
+    """True when `u`, fused into a reduction that loops over `loop_shape`, costs more to recompute than to store.
+
+    The loop computes `u` once per iteration, so a `u` with fewer elements than the loop (read through a broadcast: a
+    matmul's left operand is read once per output column) is computed `repeats` times per element. Fused, that is
+    `repeats - 1` extra computations of each element, each costing its ALU ops beyond the FREE_OPS that hide under the
+    loop's loads; stored, it costs one write and one read of each element (later reads of a broadcast element hit the
+    cache, as the loads of its inputs would when fused) and one more kernel launch. Store when the first is more."""
+    if u.op not in GroupOp.Elementwise:
+        return False
+    numel = max_numel(shape_of(u))
+    if numel == 0 or (repeats := max_numel(loop_shape) / numel) <= 1:
+        return False
+    store = numel * 2 * u.dtype.itemsize * OPS_PER_BYTE + LAUNCH_OPS
+    needed = FREE_OPS + store / ((repeats - 1) * numel)  # ALU ops per element that make recomputing cost more
+    return _alu_cost(u, realized, constant, needed) > needed
 
 
 # ops whose result on all-zero inputs is not zero (or is undefined, like 0 // 0)
@@ -257,9 +321,15 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
     realized |= {u.src[0] for u in sink.toposort if u.op is Ops.PAD and _changes_zero(u.src[0])}
     # an in-place update may only read its target at the element it writes; otherwise compute the value first
     realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and _reads_target_elsewhere(u)}
+    constant: set[UOp] = set()
+    for u in sink.toposort:  # sources first
+        if u.op is Ops.CONST or (
+            u.op in GroupOp.Elementwise | MOVEMENT | PASSTHROUGH and all(s in constant for s in u.src)
+        ):
+            constant.add(u)
     while True:
         must: set[UOp] = set()
-        groups = {r: _collect(r, realized, must) for r in realized if r.op is not Ops.COPY}
+        groups = {r: _collect(r, realized, must, constant) for r in realized if r.op is not Ops.COPY}
         if must - realized:
             realized |= must
             continue
@@ -281,13 +351,30 @@ def _shared_to_store(owners: dict[UOp, list[_Group]], realized: set[UOp], sink: 
         if len(gs) < 2 or u in realized or u.op in MOVEMENT:
             continue
         if _has_reduce(u, realized):
-            return {u}
+            return {_shared_reduction_root(u, gs, owners, realized, order)}
         k = len(gs)
         stored = max_numel(shape_of(u)) * u.dtype.itemsize
         recompute = sum(_bytes_read(u, g) for g in gs)
         if stored * (k + 1) + recompute // k < recompute:
             return {u}
     return set()
+
+
+def _shared_reduction_root(
+    u: UOp, gs: list[_Group], owners: dict[UOp, list[_Group]], realized: set[UOp], order: list[UOp]
+) -> UOp:
+    """What to store for `u`, a shared node that holds a reduction: `u` (its kernel finishes the reduction with u's ops
+    as epilogue), unless the kernels sharing it share other values over the same reduction too (a sigmoid's pieces,
+    read by a forward and a backward kernel): storing each of those would compute the reduction once per piece, so
+    the reduction is stored instead, once."""
+    below = set(_fused_nodes(u, realized))
+    reductions = {n for n in below if n.op is Ops.REDUCE_AXIS}
+    others = {v for g in gs for v in g.members if v not in below and v not in realized and v.op not in MOVEMENT}
+    pos = {n: i for i, n in enumerate(order)}
+    for v in sorted(others, key=pos.__getitem__, reverse=True):
+        if len(owners.get(v, ())) >= 2 and (common := reductions.intersection(_fused_nodes(v, realized))):
+            return max(common, key=pos.__getitem__)  # the outermost: the others are stored by later rounds if need be
+    return u
 
 
 # *** building kernel ASTs ***
