@@ -64,6 +64,25 @@ def test_rand_is_threefry_of_its_counters() -> None:
     np.testing.assert_array_equal(v, np.array([(w >> 8) * 2.0**-24 for w in words], np.float32))
 
 
+def test_lazy_random_tensors_keep_their_own_stream() -> None:
+    # realized out of order, and after later calls advanced the generator: each keeps the call index it was made with
+    Tensor.manual_seed(11)
+    a, b, c = Tensor.rand(4), Tensor.rand(4, contiguous=False), Tensor.rand(4)
+    got = [t.numpy() for t in (c, a, b)]
+    for k, v in zip((2, 0, 1), got):
+        words = [threefry_reference((11, 0), (i, k))[0] for i in range(4)]
+        np.testing.assert_array_equal(v, np.array([(w >> 8) * 2.0**-24 for w in words], np.float32))
+
+
+def test_each_device_counts_its_own_calls(device: str) -> None:
+    Tensor.manual_seed(12)
+    first = Tensor.rand(6, device="CPU").numpy()
+    second = Tensor.rand(6, device="CPU").numpy()
+    Tensor.manual_seed(12)
+    np.testing.assert_array_equal(Tensor.rand(6, device=device).numpy(), first)
+    np.testing.assert_array_equal(Tensor.rand(6, device=device).numpy(), second)
+
+
 def test_same_values_on_every_device(device: str) -> None:
     makers = [
         lambda d: Tensor.rand(3, 5, device=d),

@@ -345,10 +345,8 @@ def test_backward_errors_say_what_to_do() -> None:
     a = Tensor([1.0, 2.0], requires_grad=True)
     with pytest.raises(ValueError, match="one-element"):
         (a * 2).backward()
-    loss = (a * 2).sum()
-    loss.realize()
-    with pytest.raises(RuntimeError, match="before the loss is realized"):
-        loss.backward()
+    with pytest.raises(RuntimeError, match="no tensor with requires_grad"):
+        (Tensor([1.0, 2.0]) * 2).sum().backward()
     with pytest.raises(TypeError, match="floating-point"):
         Tensor([1, 2]).sum().backward()
 
@@ -392,3 +390,228 @@ def test_loss_and_gradients_realize_in_one_schedule() -> None:
     # layout copy for each gradient realized on its own (an optimizer's update reads it in place instead)
     items = loss.schedule(w1.grad, w2.grad)
     assert len(items) <= 8, f"forward and backward of a 2-layer MLP took {len(items)} kernels"
+
+
+# *** reading a value never changes the gradients: autograd goes through realized tensors ***
+
+MLP_POINTS = ["matmul", "activation", "logits", "loss", "twice", "all"]
+
+
+def _mlp(lib: object, x: object, w1: object, b1: object, w2: object, labels: np.ndarray, read: Callable) -> object:
+    """A 2-layer MLP with cross-entropy, calling `read(name, value)` at each intermediate."""
+    h = read("matmul", x @ w1 + b1)
+    a = read("activation", h.relu() if lib is Tensor else torch.relu(h))
+    twice = read("twice", a * a.sum(-1, keepdim=True))  # a value read by two later ops
+    z = read("logits", twice @ w2 + a[:, :3])
+    if lib is Tensor:
+        loss = z.sparse_categorical_crossentropy(Tensor(labels))
+    else:
+        loss = torch.nn.functional.cross_entropy(z, torch.tensor(labels))
+    return read("loss", loss)
+
+
+def _mlp_inputs() -> list[np.ndarray]:
+    return [rand((8, 6), 1), rand((6, 5), 2), rand((5,), 3), rand((5, 3), 4, -0.5, 0.5)]
+
+
+@pytest.mark.parametrize("how", ["realize", "numpy"])
+@pytest.mark.parametrize("point", MLP_POINTS)
+def test_backward_through_realized_intermediates(point: str, how: str) -> None:
+    labels = np.array([0, 2, 1, 2, 0, 1, 1, 0])
+    arrays = _mlp_inputs()
+    seen: dict[str, np.ndarray] = {}
+
+    def read(name: str, t: Tensor) -> Tensor:
+        if point in (name, "all"):
+            seen[name] = t.realize().numpy().copy() if how == "realize" else t.numpy().copy()
+        return t
+
+    xs = [Tensor(a, requires_grad=True) for a in arrays]
+    loss = _mlp(Tensor, *xs, labels, read)
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    tvals: dict[str, np.ndarray] = {}
+    tloss = _mlp(torch, *ts, labels, lambda n, v: tvals.setdefault(n, v.detach().numpy()) is None or v)
+    loss.backward()
+    tloss.backward()
+    for name, v in seen.items():
+        np.testing.assert_allclose(v, tvals[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(loss.numpy(), tloss.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for i, (x, t) in enumerate(zip(xs, ts)):
+        assert x.grad is not None, f"input {i} lost its gradient when {point} was read"
+        np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {i}")
+
+
+def test_gradient_through_a_chain_of_realizes() -> None:
+    x = Tensor(rand((4, 4), 5), requires_grad=True)
+    tx = torch.tensor(x.numpy(), requires_grad=True)
+    h, th = x, tx
+    for _ in range(3):  # each step realized on its own: the graph of the last is three realizes deep
+        h, th = (h @ h.T).tanh().realize(), (th @ th.T).tanh()
+    (gx,) = h.sum().realize().gradient(x)
+    th.sum().backward()
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_realized_value_reused_in_a_second_loss() -> None:
+    x, w = rand((6, 4), 1), rand((4, 3), 2)
+    lx, lw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    h = (lx @ lw).exp().realize()
+    th = (tx @ tw).exp()
+    (h * h).mean().backward()
+    (th * th).mean().backward(retain_graph=True)
+    np.testing.assert_allclose(lw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-5)
+    # the second loss accumulates into the same .grad, through the same realized h
+    h.max().backward()
+    th.max().backward()
+    np.testing.assert_allclose(lx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_realized_values_that_must_stay_constants() -> None:
+    a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    h = (a * a).realize()
+    (h.detach() * a).sum().backward()  # detach of a realized value: a constant
+    np.testing.assert_allclose(a.grad.numpy(), [1.0, 4.0, 9.0])
+    with no_grad():
+        frozen = (a * 10).realize()
+    a.grad = None
+    (frozen * a).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), [10.0, 20.0, 30.0])
+    b = Tensor([1.0, 2.0])  # no requires_grad: nothing to keep, gradient() says why it can't reach it
+    with pytest.raises(RuntimeError, match="realized tensor"):
+        (b * b).realize().sum().gradient(b)
+
+
+def test_backward_through_a_value_overwritten_in_place_raises() -> None:
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    h = (w * 3).realize()
+    w.assign(Tensor([5.0, 5.0])).realize()  # h's graph reads w's old values, which are gone
+    with pytest.raises(RuntimeError, match="overwritten in place"):
+        h.sum().backward()
+    h2 = (w * 3).realize()  # computed from the new values: fine
+    h2.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [3.0, 3.0])
+
+
+def test_training_loop_reading_accuracy_each_step_matches_torch() -> None:
+    from lazygrad.nn.optim import SGD
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32) + (x[:, 2] > 0.5).astype(np.int32)
+    arrays = [rand((8, 16), 1, -0.5, 0.5), rand((16,), 2, -0.1, 0.1), rand((16, 3), 3, -0.5, 0.5)]
+    params = [Tensor(a) for a in arrays]
+    tparams = [torch.tensor(a, requires_grad=True) for a in arrays]
+    opt, topt = SGD(params, lr=0.5, momentum=0.9), torch.optim.SGD(tparams, lr=0.5, momentum=0.9)
+    lx, tx = Tensor(x), torch.tensor(x)
+    for step in range(5):
+        logits = (lx @ params[0] + params[1]).relu() @ params[2]
+        tlogits = (tx @ tparams[0] + tparams[1]).relu() @ tparams[2]
+        # the accuracy reads the logits before backward, and the loss is printed too
+        acc = (logits.numpy().argmax(-1) == y).mean()
+        loss = logits.sparse_categorical_crossentropy(Tensor(y))
+        loss_value = loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        topt.zero_grad()
+        tloss = torch.nn.functional.cross_entropy(tlogits, torch.tensor(y, dtype=torch.long))
+        tloss.backward()
+        topt.step()
+        assert acc == (tlogits.detach().numpy().argmax(-1) == y).mean()
+        np.testing.assert_allclose(loss_value, tloss.item(), rtol=1e-5, err_msg=f"step {step}")
+        for p, tp in zip(params, tparams):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+        # the realized loss read parameters the step overwrote: backward through it again can't be right
+        with pytest.raises(RuntimeError, match="overwritten in place"):
+            loss.backward()
+
+
+def test_parameters_after_a_step_carry_no_graph_and_nothing_is_retained() -> None:
+    import gc
+
+    from lazygrad.gradient import realized_graphs
+    from lazygrad.nn.optim import SGD
+
+    gc.collect()
+    before = len(realized_graphs)
+    w = Tensor(rand((4, 4), 1))
+    opt = SGD([w], lr=0.1)
+    x = Tensor(rand((3, 4), 2))
+    for _ in range(3):
+        h = (x @ w).relu().realize()
+        loss = h.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # the update of w is not part of the next step's autograd: the gradient of w is x's column sums, not more
+    x2 = Tensor(rand((3, 4), 3))
+    opt.zero_grad()
+    (x2 @ w).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(x2.numpy().sum(0)[:, None], (4, 4)), rtol=1e-5)
+    # with the tensors gone, so are the graphs kept for them
+    del h, loss, opt
+    w.grad = None
+    gc.collect()
+    assert len(realized_graphs) == before
+
+
+# *** equal lazy graphs built apart are one node; the tensors must still be separate ***
+
+TWINS = {
+    "zeros": lambda: Tensor.zeros(2, 3),
+    "full": lambda: Tensor.full((2, 3), 7.0),
+    "contiguous": lambda: Tensor.ones(2, 3).contiguous(),
+    "eye": lambda: Tensor.eye(2, 3),
+    "computed": lambda: _TWIN_INPUT * 2 + 1,
+}
+_TWIN_INPUT = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.parametrize("name", list(TWINS))
+def test_equal_lazy_tensors_get_buffers_of_their_own(name: str) -> None:
+    make = TWINS[name]
+    ref = make().numpy().copy()
+    new = np.full((2, 3), -1.0, np.float32)
+    a, b = make(), make()
+    a.realize()
+    a.assign(Tensor(new)).realize()
+    np.testing.assert_array_equal(a.numpy(), new)
+    np.testing.assert_array_equal(b.numpy(), ref)
+    b.assign(Tensor(new * 2)).realize()
+    np.testing.assert_array_equal(a.numpy(), new)
+    # realized together, then written apart
+    c, d = make(), make()
+    Tensor.realize(c, d)
+    d[0] = 5.0
+    d.realize()
+    np.testing.assert_array_equal(c.numpy(), ref)
+    np.testing.assert_array_equal(d.numpy(), np.concatenate([np.full((1, 3), 5.0, np.float32), ref[1:]]))
+
+
+def test_parameters_made_alike_get_their_own_gradients() -> None:
+    from lazygrad.nn.optim import SGD
+
+    x = rand((4, 3), 1)
+    wa, wb = rand((3, 3), 2), rand((3, 2), 3)
+    # two zero-initialized biases, and a zero constant elsewhere in the loss: three equal lazy graphs
+    w1, w2 = Tensor(wa), Tensor(wb)
+    b1, b2 = Tensor.zeros(3), Tensor.zeros(3)
+    opt = SGD([w1, b1, w2, b2], lr=0.1)
+    tw1, tw2 = torch.tensor(wa, requires_grad=True), torch.tensor(wb, requires_grad=True)
+    tb1, tb2 = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    topt = torch.optim.SGD([tw1, tb1, tw2, tb2], lr=0.1)
+    for _ in range(3):
+        h = (Tensor(x) @ w1 + b1).tanh() + b2 * 3
+        loss = (h @ w2).square().mean() + (h * Tensor.zeros(3)).sum()
+        th = (torch.tensor(x) @ tw1 + tb1).tanh() + tb2 * 3
+        tloss = (th @ tw2).square().mean() + (th * torch.zeros(3)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        for p, tp in zip((w1, b1, w2, b2), (tw1, tb1, tw2, tb2)):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -256,3 +256,97 @@ def test_graph_update_must_keep_the_program() -> None:
     other = next(k for k, r in enumerate(runners) if r.program is not runners[0].program)
     with pytest.raises(GraphError, match="keep its program"):
         graph.update({0: launches[other]})
+
+
+# *** random numbers: the generator's state is on the device and advanced by a captured kernel ***
+
+
+def _draws(fn, calls: int, seed: int, x: Tensor) -> list[np.ndarray]:
+    Tensor.manual_seed(seed)
+    return [fn(x).numpy().copy() for _ in range(calls)]
+
+
+def test_jitted_rand_draws_new_numbers_on_every_call() -> None:
+    def f(x: Tensor) -> Tensor:
+        return x + Tensor.rand(3, 4) + Tensor.randn(3, 4, contiguous=False)
+
+    x = Tensor(np.zeros((3, 4), np.float32))
+    jitted = _draws(TinyJit(f), 6, 21, x)
+    plain = _draws(f, 6, 21, x)
+    assert len({v.tobytes() for v in jitted}) == 6, "a replay repeated the numbers of an earlier call"
+    for k, (a, b) in enumerate(zip(jitted, plain)):
+        np.testing.assert_array_equal(a, b, err_msg=f"call {k}")
+
+
+def test_jitted_dropout_masks_change_and_match_the_unjitted_sequence() -> None:
+    def f(x: Tensor) -> Tensor:
+        with Tensor.train():
+            return x.dropout(0.5)
+
+    x = Tensor(np.ones((8, 16), np.float32))
+    jitted = _draws(TinyJit(f), 5, 22, x)
+    plain = _draws(f, 5, 22, x)
+    assert len({v.tobytes() for v in jitted}) == 5
+    for a, b in zip(jitted, plain):
+        assert set(np.unique(a).tolist()) <= {0.0, 2.0}
+        np.testing.assert_array_equal(a, b)
+
+
+def test_manual_seed_outside_and_inside_a_jitted_function() -> None:
+    x = Tensor(np.zeros(5, np.float32))
+    Tensor.manual_seed(23)
+    expected = [Tensor.rand(5).numpy().copy() for _ in range(4)]
+    f = TinyJit(lambda x: x + Tensor.rand(5))
+    Tensor.manual_seed(23)
+    for k in range(4):  # run, capture, replays
+        np.testing.assert_array_equal(f(x).numpy(), expected[k])
+    Tensor.manual_seed(23)  # outside: the next replay starts the sequence again
+    np.testing.assert_array_equal(f(x).numpy(), expected[0])
+    np.testing.assert_array_equal(f(x).numpy(), expected[1])
+
+    def reseeded(x: Tensor) -> Tensor:
+        Tensor.manual_seed(23)
+        return x + Tensor.rand(5)
+
+    g = TinyJit(reseeded)
+    for _ in range(4):  # inside: every call, replays too, starts from the seed
+        np.testing.assert_array_equal(g(x).numpy(), expected[0])
+    # and the generator goes on from there after the jitted call
+    np.testing.assert_array_equal(Tensor.rand(5).numpy(), expected[1])
+
+
+def test_training_step_with_dropout_matches_unjitted_bit_for_bit() -> None:
+    def train(jit: bool) -> list[float]:
+        Tensor.manual_seed(4)
+        l1, l2 = nn.Linear(12, 32), nn.Linear(32, 5)
+        opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.05)
+
+        def step(x: Tensor, y: Tensor) -> Tensor:
+            with Tensor.train():
+                opt.zero_grad()
+                loss = l2(l1(x).relu().dropout(0.3)).sparse_categorical_crossentropy(y)
+                loss.backward()
+                opt.step()
+                return loss.realize()
+
+        run = TinyJit(step) if jit else step
+        rng = np.random.default_rng(5)
+        x, y = rng.standard_normal((16, 12)).astype(np.float32), rng.integers(0, 5, 16).astype(np.int32)
+        return [run(Tensor(x), Tensor(y)).item() for _ in range(6)]
+
+    losses = train(False)
+    assert len(set(losses)) == 6
+    assert train(True) == losses
+
+
+def test_backward_through_a_jitted_output_is_right_or_refused() -> None:
+    w = Tensor(_f32(4, 3), requires_grad=True)
+    f = TinyJit(lambda x: (x @ w).relu().realize())
+    x0 = _f32(2, 4)
+    out = f(Tensor(x0))  # the plain first run: an ordinary realized tensor
+    out.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), x0.T @ (x0 @ w.numpy() > 0), rtol=1e-5, atol=1e-6)
+    captured = f(Tensor(_f32(2, 4)))
+    f(Tensor(_f32(2, 4)))  # a replay writes the captured output anew, from other inputs
+    with pytest.raises(RuntimeError, match="TinyJit replay"):
+        captured.sum().backward()

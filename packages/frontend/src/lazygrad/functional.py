@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lazygrad.movement import concrete_sizes
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class FunctionalMixin:
 
     # *** convolution ***
 
+    @concrete_sizes("conv2d")
     def conv2d(
         self: Tensor,
         weight: Tensor,
@@ -147,6 +149,7 @@ class FunctionalMixin:
         ret = prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
         return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
 
+    @concrete_sizes("conv1d")
     def conv1d(
         self: Tensor,
         weight: Tensor,
@@ -162,6 +165,7 @@ class FunctionalMixin:
             raise ValueError(f"conv1d needs a 3-d weight (C_out, C_in/groups, K), got {weight.shape}")
         return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
 
+    @concrete_sizes("conv3d")
     def conv3d(
         self: Tensor,
         weight: Tensor,
@@ -177,6 +181,7 @@ class FunctionalMixin:
             raise ValueError(f"conv3d needs a 5-d weight (C_out, C_in/groups, KD, KH, KW), got {weight.shape}")
         return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
 
+    @concrete_sizes("conv_transpose2d")
     def conv_transpose2d(
         self: Tensor,
         weight: Tensor,
@@ -243,6 +248,7 @@ class FunctionalMixin:
             extra.append(max(0, (o - 1) * ss + dd * (kk - 1) + 1 - (n + b + a)))
         return k, s, d, pads, extra
 
+    @concrete_sizes("avg_pool2d")
     def avg_pool2d(
         self: Tensor,
         kernel_size: int | Sequence[int] = (2, 2),
@@ -270,6 +276,7 @@ class FunctionalMixin:
             ones = ones.pad(full)
         return summed / ones._pool(k, s, d).sum(axes)
 
+    @concrete_sizes("max_pool2d")
     def max_pool2d(
         self: Tensor,
         kernel_size: int | Sequence[int] = (2, 2),
@@ -298,6 +305,7 @@ class FunctionalMixin:
         first = hit.where(pos_windows, 2**62).min(axes)
         return out, first
 
+    @concrete_sizes("max_unpool2d")
     def max_unpool2d(
         self: Tensor,
         indices: Tensor,
@@ -325,6 +333,7 @@ class FunctionalMixin:
 
     # *** interpolation ***
 
+    @concrete_sizes("interpolate")
     def interpolate(
         self: Tensor,
         size: Sequence[int] | None = None,

@@ -8,8 +8,13 @@ fuses the forward pass: nothing runs until a gradient (or an optimizer step that
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from lazygrad_scheduler.buffers import buffer_of
+from lazygrad_scheduler.kernelize import base_buffer, view_base
+from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -149,23 +154,91 @@ pm_gradient = PatternMatcher(
 )
 
 
-def _on_path(root: UOp, targets: set[UOp]) -> list[UOp]:
-    """The nodes under `root` that some target is reachable from, sources first; DETACH cuts the graph."""
+def _origin_key(u: UOp, origins: Mapping[UOp, UOp | None]) -> UOp | None:
+    """The key of `u` in `origins` when it is a realized tensor: its VIEW, or for one kernelized and not yet run,
+    ASSIGN(VIEW, KERNEL), that VIEW."""
+    if u.op is Ops.ASSIGN and u.src[1].op is Ops.KERNEL:
+        u = u.src[0]
+    return u if u.op is Ops.VIEW and u in origins else None
+
+
+def _sources(u: UOp, origins: Mapping[UOp, UOp | None]) -> tuple[UOp, ...]:
+    """What autograd goes through from `u`: its sources, or for a realized tensor the graph it was computed from (none
+    for a stale one, whose graph was dropped)."""
+    if (key := _origin_key(u, origins)) is not None:
+        v = origins[key]
+        return () if v is None else (v,)
+    return u.src
+
+
+def _walk(root: UOp, origins: Mapping[UOp, UOp | None]) -> list[UOp]:
+    """The nodes autograd sees under `root`, sources first: the graph, continued through realized tensors."""
+    if not origins or not any(_origin_key(u, origins) is not None for u in root.toposort):
+        return list(root.toposort)
+    order: dict[UOp, None] = {}
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        u, expanded = stack.pop()
+        if u in order:
+            continue
+        if expanded:
+            order[u] = None
+        else:
+            stack.append((u, True))
+            stack.extend((s, False) for s in reversed(_sources(u, origins)) if s not in order)
+    return list(order)
+
+
+def _on_path(root: UOp, targets: set[UOp], origins: Mapping[UOp, UOp | None]) -> list[UOp]:
+    """The nodes under `root` that some target is reachable from, sources first; DETACH cuts the graph. A stale
+    realized tensor counts as reaching one: its graph is gone, so whether it did can't be told."""
     reaches: dict[UOp, bool] = {}
-    for u in root.toposort:
-        reaches[u] = u in targets or (u.op is not Ops.DETACH and any(reaches[s] for s in u.src))
+    for u in _walk(root, origins):
+        if (key := _origin_key(u, origins)) is not None:
+            v = origins[key]
+            reaches[u] = u in targets or v is None or reaches[v]
+        else:
+            reaches[u] = u in targets or (u.op is not Ops.DETACH and any(reaches[s] for s in u.src))
     return [u for u, r in reaches.items() if r]
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+def graph_nodes(root: UOp, origins: Mapping[UOp, UOp | None] | None = None) -> set[UOp]:
+    """Every node the gradient of `root` can depend on: its graph, continued through realized tensors' origins."""
+    return set(_walk(root, origins or {}))
+
+
+def compute_gradient(
+    root: UOp, root_grad: UOp, targets: set[UOp], origins: Mapping[UOp, UOp | None] | None = None
+) -> dict[UOp, UOp]:
     """The gradient of `root` (seeded with `root_grad`, of root's shape) with respect to each target it depends on.
 
     Walks the graph from the root back to the targets, applying one rule of `pm_gradient` per node and summing the
     gradients of nodes used more than once. Targets that `root` does not depend on are absent from the result.
+
+    `origins` maps realized tensors (VIEWs of their buffers) to the graphs they were computed from (see
+    `RealizedGraphs`): the walk goes through them as through an identity, and the gradients read the stored values
+    instead of computing them again.
     """
+    origins = origins if origins is not None else {}
     grads: dict[UOp, UOp] = {root: root_grad}
-    for node in reversed(_on_path(root, targets)):
-        if (g := grads.get(node)) is None or node.op in (Ops.BUFFER, Ops.VIEW, Ops.CONST):
+    inverse: dict[UOp, UOp] = {}
+    for node in reversed(_on_path(root, targets, origins)):
+        if (g := grads.get(node)) is None:
+            continue
+        if (key := _origin_key(node, origins)) is not None:
+            if (v := origins[key]) is None:
+                if node in targets:
+                    continue
+                raise RuntimeError(
+                    "the gradient goes through a realized tensor whose inputs were overwritten in place after it was "
+                    "computed (e.g. parameters updated by an optimizer step, or a TinyJit replay that wrote new "
+                    "values), so its graph no longer describes it: run the forward pass again from the current "
+                    "values, or .detach() that tensor to use it as a constant"
+                )
+            grads[v] = grads[v] + g if v in grads else g
+            inverse[v] = node
+            continue
+        if node.op in (Ops.BUFFER, Ops.VIEW, Ops.CONST):
             continue
         src_grads = pm_gradient.rewrite(node, ctx=g)
         if src_grads is None:
@@ -173,4 +246,83 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
         for s, sg in zip(node.src, src_grads):
             if sg is not None:
                 grads[s] = grads[s] + sg if s in grads else sg
-    return {t: grads[t] for t in targets if t in grads}
+    out = {t: grads[t] for t in targets if t in grads}
+    # a rule that reads its own output (exp, max, ...) reads the realized buffer rather than computing it again
+    return {t: g.substitute(inverse) for t, g in out.items()} if inverse else out
+
+
+class RealizedGraphs:
+    """For realized tensors that autograd may have to go through, the graph each was computed from.
+
+    Realizing replaces a tensor's graph by a VIEW of its buffer in every live tensor, which would make it a constant
+    to autograd. So when a realize computes a value whose graph reaches a tensor with requires_grad=True
+    (differentiably: not only through DETACH), the VIEW is recorded here with that graph, one level deep: its
+    sources are themselves the VIEWs of the other values computed in the same realize, so a chain of realizes is a
+    chain of entries, and the gradient reads the stored values rather than computing them again.
+
+    Memory: entries are held weakly by their VIEW, so an entry lives only as long as some tensor (or graph) can
+    still reach the realized value. An in-place update (an ASSIGN, e.g. an optimizer step, or a TinyJit replay) of a
+    buffer that a recorded graph reads makes that entry stale: its graph is dropped (freeing what it held) and a
+    backward through it raises instead of silently using the new values. Values realized by an ASSIGN keep no
+    graph: the update of a parameter is not part of the next step's autograd.
+    """
+
+    def __init__(self) -> None:
+        self._graphs: weakref.WeakKeyDictionary[UOp, UOp | None] = weakref.WeakKeyDictionary()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    @property
+    def mapping(self) -> Mapping[UOp, UOp | None]:
+        """The live entries: realized VIEW -> the graph it was computed from (None: stale)."""
+        return self._graphs
+
+    def plan(self, becomes: Mapping[UOp, UOp], leaves: set[UOp]) -> tuple[dict[UOp, UOp | None], set[UOp]]:
+        """Before a realize runs kernelize's `becomes`: the entries it adds (stale already where the value reads a
+        buffer the same realize overwrites), and the BUFFER nodes its assigns overwrite. `leaves` are the nodes of
+        the tensors with requires_grad=True."""
+        written = {base_buffer(view_base(r.src[0])) for r in becomes if r.op is Ops.ASSIGN}
+        roots = [r for r in becomes if r.op not in (Ops.ASSIGN, Ops.DETACH)]
+        if not roots or not (leaves or self._graphs):
+            return {}, written
+        reach: dict[UOp, bool] = {}
+        old: dict[UOp, bool] = {}
+        for u in UOp(Ops.SINK, src=tuple(roots)).toposort:
+            known = u.op is Ops.VIEW and u in self._graphs
+            reach[u] = known or u in leaves or (u.op is not Ops.DETACH and any(reach[s] for s in u.src))
+            # an ASSIGN is the buffer after its write; anything else reading a written buffer reads the old contents
+            old[u] = (u.op is Ops.BUFFER and u in written) or (u.op is not Ops.ASSIGN and any(old[s] for s in u.src))
+        needed = [r for r in roots if any(reach[s] for s in r.src)]
+        if not needed:
+            return {}, written
+        final = {r: a.src[0] for r, a in becomes.items()}
+        srcs = UOp(Ops.SINK, src=tuple(s for r in needed for s in r.src)).substitute(final).src
+        entries: dict[UOp, UOp | None] = {}
+        i = 0
+        for r in needed:
+            entries[final[r]] = None if old[r] else r.replace(src=srcs[i : i + len(r.src)])
+            i += len(r.src)
+        return entries, written
+
+    def invalidate(self, written: Collection[Buffer]) -> None:
+        """Mark stale the entries whose value or graph reads one of the device buffers `written`: kernels overwrote
+        them without a realize (a TinyJit replay)."""
+        for k, v in list(self._graphs.items()):
+            if v is None:
+                continue
+            read = (buffer_of(u) for u in v.toposort if u.op is Ops.BUFFER)
+            if buffer_of(k.src[0]) in written or any(b in written for b in read):
+                self._graphs[k] = None
+
+    def commit(self, entries: Mapping[UOp, UOp | None], written: set[UOp]) -> None:
+        """After the realize ran: mark the entries that read overwritten buffers stale, then add `entries`."""
+        if written:
+            for k, v in list(self._graphs.items()):
+                if v is not None and (k.src[0] in written or any(b in v.toposort for b in written)):
+                    self._graphs[k] = None
+        self._graphs.update(entries)
+
+
+realized_graphs = RealizedGraphs()
+"""The graphs of the realized tensors autograd may go through (see `RealizedGraphs`)."""

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lazygrad.movement import always_le, concrete_sizes, show_sizes, symbolic_bounds
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -28,6 +30,13 @@ _Entry = tuple[Any, ...]
 
 def _index_dtype(n: int) -> Any:
     return dtypes.int32 if n < 2**31 else dtypes.int64
+
+
+def _slice_length(start: Any, stop: Any, step: int) -> Any:
+    """How many elements a parsed slice selects; a symbolic slice has step 1 and start <= stop always."""
+    if isinstance(start, UOp) or isinstance(stop, UOp):
+        return (stop - start).ssimplify()
+    return len(range(start, stop, step))
 
 
 def _is_int_tensor(t: Tensor) -> bool:
@@ -64,6 +73,8 @@ class IndexingMixin:
                 items.append(bool(i))
             elif isinstance(i, (int, np.integer)) or (isinstance(i, np.ndarray) and i.ndim == 0):
                 items.append(int(i))
+            elif isinstance(i, UOp) and i.op is not Ops.CONST and dtypes.is_int(i.dtype):
+                items.append(i)  # a symbolic position (an expression of bound variables)
             elif i is None or i is Ellipsis or isinstance(i, slice):
                 items.append(i)
             else:
@@ -97,13 +108,10 @@ class IndexingMixin:
             elif i is False:
                 entries.append(("empty",))
             elif isinstance(i, slice):
-                entries.append(("slice", *i.indices(self.shape[dim])))
+                entries.append(("slice", *self._slice_indices(i, dim)))
                 dim += 1
-            elif isinstance(i, int):
-                size = self.shape[dim]
-                if not -size <= i < size:
-                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-                entries.append(("int", i % size))
+            elif isinstance(i, (int, UOp)):
+                entries.append(("int", self._int_index(i, dim)))
                 dim += 1
             elif dtypes.is_bool(i.dtype):
                 covered = self.shape[dim : dim + i.ndim]
@@ -123,6 +131,48 @@ class IndexingMixin:
                 dim += 1
         return entries
 
+    def _slice_indices(self: Tensor, s: slice, dim: int) -> tuple[Any, Any, int]:
+        """(start, stop, step) of slice `s` over dimension `dim`, as slice.indices gives them; with a symbolic bound
+        or size, only step 1, and no clamping: the slice must fit for every value its variables may be bound to."""
+        size = self.shape[dim]
+        if not any(isinstance(p, UOp) for p in (s.start, s.stop, s.step, size)):
+            return s.indices(size)
+        if s.step is not None and s.step != 1:
+            raise IndexError(
+                f"slice {show_sizes((s.start, s.stop, s.step))} of dimension {dim} (size {show_sizes(size)}) has a "
+                "symbolic bound or size, which needs step 1"
+            )
+
+        def bound(p: Any, default: Any) -> Any:
+            if p is None or isinstance(p, UOp):
+                return default if p is None else p
+            return int(p) + size if int(p) < 0 else int(p)  # negative counts from the end, as in Python
+
+        start, stop = bound(s.start, 0), bound(s.stop, size)
+        if not (always_le(0, start) and always_le(start, stop) and always_le(stop, size)):
+            raise IndexError(
+                f"slice [{show_sizes(s.start)}:{show_sizes(s.stop)}] of dimension {dim} (size {show_sizes(size)}) "
+                f"leaves [0, size] for some values in its variables' bounds ({symbolic_bounds(start, stop, size)}); "
+                "a symbolic slice is not clamped, so narrow the bounds so that 0 <= start <= stop <= size"
+            )
+        return start, stop, 1
+
+    def _int_index(self: Tensor, i: int | UOp, dim: int) -> int | UOp:
+        """Integer index `i` of dimension `dim` as a position in [0, size): checked for every value the variables
+        in it or in the size may be bound to."""
+        size = self.shape[dim]
+        if isinstance(i, int) and isinstance(size, int):
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+            return i % size
+        pos = i + size if isinstance(i, int) and i < 0 else i
+        if not (always_le(0, pos) and always_le(pos + 1, size)):
+            raise IndexError(
+                f"index {show_sizes(i)} of dimension {dim} (size {show_sizes(size)}) is out of bounds for some values "
+                f"in its variables' bounds ({symbolic_bounds(pos, size)}); narrow the bounds"
+            )
+        return pos
+
     # *** reading ***
 
     def _basic_view(self: Tensor, entries: list[_Entry]) -> tuple[Tensor, list[int]]:
@@ -136,7 +186,15 @@ class IndexingMixin:
             if e[0] == "empty":
                 out_shape.append(0)
                 continue
-            if e[0] == "slice":
+            positions = e[1:3] if e[0] == "slice" else e[1:2] if e[0] == "int" else ()
+            if any(isinstance(x, UOp) for x in (*positions, t.shape[dim] if positions else 0)):
+                # symbolic positions or size: step 1 (checked in _parse_index), a shrink
+                box: list[Any] = [None] * t.ndim
+                box[dim] = e[1:3] if e[0] == "slice" else (e[1], e[1] + 1)
+                t = t.shrink(box)
+                if e[0] == "slice":
+                    out_shape.append(t.shape[dim])
+            elif e[0] == "slice":
                 t = t._slice_dim(dim, *e[1:])
                 out_shape.append(t.shape[dim])
             elif e[0] == "int":
@@ -166,6 +224,11 @@ class IndexingMixin:
 
         bshape = _broadcast_shape(*(i.shape for i in idx))
         sizes = [self.shape[p] for p in pos]
+        if symbolic := [(p, d) for p, d in zip(pos, sizes) if isinstance(d, UOp)]:
+            raise NotImplementedError(
+                f"indexing with a tensor needs an int size in the dimension it selects from, but dimension "
+                f"{symbolic[0][0]} of shape {show_sizes(self.shape)} is symbolic ({symbolic_bounds(symbolic[0][1])})"
+            )
         rest = [d for i, d in enumerate(self.shape) if i not in pos]
         consecutive = pos[-1] - pos[0] == len(pos) - 1
         m = math.prod(sizes)
@@ -228,7 +291,7 @@ class IndexingMixin:
         if view.numel() == 0:
             return
         sliced = [e for e in entries if e[0] in ("slice", "int")]
-        shape = [1 if e[0] == "int" else len(range(*e[1:])) for e in sliced]
+        shape = [1 if e[0] == "int" else _slice_length(*e[1:]) for e in sliced]
         v = self._value_for(value, view.shape).reshape(shape)
         mask = type(self).full(shape, True, dtype=dtypes.bool, device=self.device)
         for d, e in enumerate(sliced):
@@ -251,6 +314,11 @@ class IndexingMixin:
     def _unslice_dim(self: Tensor, dim: int, start: int, stop: int, step: int, size: int) -> Tensor:
         """The inverse of `_slice_dim`: this tensor placed at the sliced positions of a dimension of `size`, zeros
         (False) elsewhere."""
+        if any(isinstance(x, UOp) for x in (start, stop, size, self.shape[dim])):
+            # step 1 and within the size for every value of the variables (checked in _parse_index)
+            pad: list[tuple[Any, Any]] = [(0, 0)] * self.ndim
+            pad[dim] = (start, (size - start - self.shape[dim]).ssimplify())
+            return self.pad(pad)
         if step < 0:
             return self._unslice_dim(dim, size - 1 - start, size - 1 - stop, -step, size).flip(dim)
         n = self.shape[dim]
@@ -308,6 +376,7 @@ class IndexingMixin:
             raise ValueError(f"{what} index of shape {index.shape} is larger than the tensor {self.shape} off dim {d}")
         return d
 
+    @concrete_sizes("gather")
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
         """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (and so on), as torch.gather."""
         d = self._check_index_shape(dim, index, "gather")
@@ -336,6 +405,7 @@ class IndexingMixin:
         t = t.movedim(-1, d)
         return t.pad(tuple((0, s - i) for s, i in zip(self.shape, t.shape)))
 
+    @concrete_sizes("scatter")
     def scatter(self: Tensor, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
         """self[index[i][j]][j] = src[i][j] for dim=0 (and so on), as torch.scatter; `src` may be a scalar.
         reduce="add" or "multiply" combines with the existing values instead. Repeated indices: the last wins."""
@@ -352,6 +422,7 @@ class IndexingMixin:
         new = chosen._pick(vals._broadcast_to(hits.shape), d)
         return written.where(self._from_index_layout(new, d), self)
 
+    @concrete_sizes("scatter_reduce")
     def scatter_reduce(
         self: Tensor, dim: int, index: Tensor, src: Any, reduce: str, include_self: bool = True
     ) -> Tensor:
@@ -387,6 +458,7 @@ class IndexingMixin:
 
     # *** selections with data-dependent shapes and one-hot ***
 
+    @concrete_sizes("masked_select")
     def masked_select(self: Tensor, mask: Tensor) -> Tensor:
         """The elements where `mask` (broadcast with self) is true, as a 1-d tensor (reads the mask back)."""
         x, m = self._broadcasted_pair(mask)
@@ -398,6 +470,7 @@ class IndexingMixin:
         shape = _broadcast_shape(self.shape, mask.shape)
         return self._broadcast_to(shape), mask.bool()._broadcast_to(shape)
 
+    @concrete_sizes("nonzero")
     def nonzero(self: Tensor) -> Tensor:
         """The indices of the nonzero elements, shape (count, ndim), int64 (reads the values back)."""
         pos = np.stack(np.nonzero(self.numpy()), axis=-1) if self.ndim else np.zeros((int(self.item() != 0), 0))

@@ -11,7 +11,8 @@ Inputs are the tensors among the arguments (positional, then keyword in name ord
 shapes, dtypes, devices and views (`JitError` otherwise). What the function returns is returned again by every
 replay: the same tensors, whose buffers the replay overwrote. Python-side effects and values that aren't inputs
 (Python numbers, tensors created inside the function from host data, `.numpy()` results) are frozen at the
-capture: pass what changes as a tensor or a bound variable.
+capture: pass what changes as a tensor or a bound variable. Random numbers are not frozen: the generator's state is a
+device tensor that a captured kernel advances, so each replay draws the next numbers (see `lazygrad.random`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
+from lazygrad.gradient import realized_graphs
 from lazygrad.tensor import Tensor, _all_tensors
 from lazygrad_scheduler import buffer_of, is_kernelized
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
@@ -99,15 +101,19 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[Input
 
 
 def _held_buffers() -> set[Buffer]:
-    """The buffers that live tensors can read: everything a tensor's graph reaches without entering a KERNEL."""
+    """The buffers that live tensors can read: everything a tensor's graph reaches without entering a KERNEL, and
+    through realized tensors the graphs autograd keeps for them (a backward may compute those again)."""
     held: set[Buffer] = set()
     seen: set[UOp] = set()
     stack = [t.uop for t in list(_all_tensors)]
+    origins = realized_graphs.mapping
     while stack:
         u = stack.pop()
         if u in seen:
             continue
         seen.add(u)
+        if u.op is Ops.VIEW and (origin := origins.get(u)) is not None:
+            stack.append(origin)
         if u.op is Ops.BUFFER:
             held.add(buffer_of(u))
         elif is_kernelized(u):
@@ -115,6 +121,14 @@ def _held_buffers() -> set[Buffer]:
         else:
             stack.extend(u.src)
     return held
+
+
+def _outputs(ei: ExecItem) -> list[Buffer]:
+    """The buffers an ExecItem writes: a kernel's outputs, a copy's destination."""
+    r = ei.runner
+    if isinstance(r, CompiledRunner):
+        return [ei.bufs[j] for j in r.spec.outs]
+    return ei.bufs[:1]
 
 
 def _written_first(items: list[ExecItem]) -> set[Buffer]:
@@ -149,6 +163,8 @@ class CapturedJit:
         # (item, slot, input) for every place an input buffer is used
         self.input_slots = [(i, j, index[b]) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) if b in index]
         self.input_items = {i for i, _, _ in self.input_slots}
+        # what a replay writes: autograd can't go through a value computed before it that reads these
+        self.written = {b for ei in items for b in _outputs(ei)}
         self.var_items = {i for i, ei in enumerate(items) if var_names & ei.var_vals.keys()}
         self.steps: list[_GraphStep | int] = self._build_steps()
         self.last: tuple[list[Buffer], dict[UOp, int]] | None = None
@@ -179,6 +195,8 @@ class CapturedJit:
 
     def __call__(self, input_bufs: list[Buffer], var_vals: dict[UOp, int]) -> None:
         """Replay with `input_bufs` in place of the captured inputs and the variable values `var_vals`."""
+        if len(realized_graphs):
+            realized_graphs.invalidate(self.written)
         changed: set[int] = set()
         if self.last is None or any(a is not b for a, b in zip(self.last[0], input_bufs, strict=True)):
             for i, j, k in self.input_slots:
@@ -308,8 +326,21 @@ class TinyJit(Generic[R]):
             assert self.captured is not None
             self.captured(bufs, var_vals)
             ret = self.captured.ret
+            for t in _flat_tensors(ret):
+                _rebind(t, var_vals)
         self.cnt += 1
         return ret
+
+
+def _rebind(t: Tensor, var_vals: dict[UOp, int]) -> None:
+    """Give a returned tensor's views this call's variable values: a result whose shape is symbolic was captured with
+    the values of the capture, and the replay wrote it with these."""
+    views = [u for u in t.uop.toposort if u.op is Ops.VIEW and u.arg.binds()]
+    if not views:
+        return
+    binds = {b for v in views for b in v.arg.binds() if b.src[0] in var_vals}
+    mapping = {b: b.src[0].bind(var_vals[b.src[0]]) for b in binds}
+    t.uop = t.uop.substitute({v: v.replace(arg=v.arg.substitute(mapping)) for v in views})
 
 
 def _planned(items: list[ExecItem], inputs: list[Buffer]) -> list[ExecItem]:

@@ -4,20 +4,78 @@ only change which element is read where (cat adds zero-padded pieces, which fuse
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lazygrad_uop.dtype import dtypes, least_upper_dtype
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
+
+
+def always_le(a: Any, b: Any) -> bool:
+    """a <= b for every value the variables in these sizes may be bound to, not only the bound one: one kernel serves
+    every value in the variables' bounds (the JIT replays it with new ones without running Python), so a view is
+    memory-safe only when it fits for all of them."""
+    if not isinstance(a, UOp) and not isinstance(b, UOp):
+        return a <= b
+    return (b - a).simplify().vmin >= 0
+
+
+def show_sizes(x: Any) -> str:
+    """Sizes (nested in tuples) for error messages, symbolic ones rendered as expressions rather than graphs."""
+    if isinstance(x, UOp):
+        return x.render()
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(map(show_sizes, x)) + ("," if len(x) == 1 else "") + ")"
+    return repr(x)
+
+
+def symbolic_bounds(*sizes: Any) -> str:
+    """The variables of symbolic `sizes` with their bounds, for error messages: "n in [1, 40]"."""
+    found = {u.src[0] if u.op is Ops.BIND else u for s in sizes if isinstance(s, UOp) for u in s.toposort}
+    names = sorted(f"{v.arg[0]} in [{v.arg[1]}, {v.arg[2]}]" for v in found if v.op is Ops.DEFINE_VAR)
+    return ", ".join(names) or "no variables"
+
+
+def concrete_sizes(op: str) -> Callable[[_F], _F]:
+    """Mark an op that needs int sizes: called with a tensor (self included) that has a symbolic dim, it raises a
+    NotImplementedError naming `op` and that dim, where it would otherwise fail somewhere inside."""
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for a in (*args, *kwargs.values()):
+                shape = getattr(a, "shape", None) if hasattr(a, "uop") else None
+                for i, d in enumerate(shape or ()):
+                    if isinstance(d, UOp):
+                        raise NotImplementedError(
+                            f"{op} needs int sizes, but dimension {i} of its argument of shape {show_sizes(shape)} is "
+                            f"symbolic ({symbolic_bounds(d)}); pad it to its largest value (an int size) first"
+                        )
+            return fn(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
+
+
+def _simplified(size: Any) -> Any:
+    """A size in the symbolic engine's canonical form (an int when it folds to one), so that equal symbolic sizes
+    built different ways are one expression."""
+    return size.ssimplify() if isinstance(size, UOp) else size
 
 
 def _tensors(first: Any, rest: Sequence[Tensor]) -> list[Tensor]:
@@ -89,12 +147,12 @@ class MovementMixin:
         ts = [t.cast(dt) for t in ts]
         if len(ts) == 1:
             return ts[0]
-        total = sum(t.shape[d] for t in ts)
+        total = _simplified(sum(t.shape[d] for t in ts))
         out, offset = None, 0
         for t in ts:
             pad = [(0, 0)] * t.ndim
-            pad[d] = (offset, total - offset - t.shape[d])
-            offset += t.shape[d]
+            pad[d] = (offset, _simplified(total - offset - t.shape[d]))
+            offset = _simplified(offset + t.shape[d])
             piece = t.pad(pad)
             # each position is covered by exactly one piece, the others add zeros (bools: or)
             out = piece if out is None else out + piece if dt != dtypes.bool else out.logical_or(piece)
@@ -111,6 +169,7 @@ class MovementMixin:
         d = _axis(dim, ts[0].ndim + 1)
         return ts[0].unsqueeze(d).cat(*(t.unsqueeze(d) for t in ts[1:]), dim=d)
 
+    @concrete_sizes("split")
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         """Pieces along `dim`: of `sizes` each (the last may be smaller), or of the listed sizes."""
         d = _axis(dim, self.ndim)
@@ -129,6 +188,7 @@ class MovementMixin:
             start += s
         return tuple(out)
 
+    @concrete_sizes("chunk")
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         """Split into `chunks` pieces of ceil(size / chunks) (fewer when they run out, as in torch.chunk)."""
         if chunks <= 0:
@@ -187,6 +247,7 @@ class MovementMixin:
         out = x.unsqueeze(d + 1).expand(expanded)
         return out.reshape(shape[:d] + (shape[d] * repeats,) + shape[d + 1 :])
 
+    @concrete_sizes("roll")
     def roll(self: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
         """Elements shifted cyclically by `shifts` along `dims` (the flattened tensor if dims is None)."""
         if dims is None:
@@ -238,6 +299,7 @@ class MovementMixin:
         """reshape(other.shape)."""
         return self.reshape(other.shape)
 
+    @concrete_sizes("unfold")
     def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
         """The windows of `size` elements every `step` along `dim`: that dim counts the windows and a new last dim
         holds each window, as torch.Tensor.unfold."""
@@ -246,6 +308,7 @@ class MovementMixin:
             raise ValueError(f"unfold of size {size}, step {step} doesn't fit dimension {d} of size {self.shape[d]}")
         return self.movedim(d, -1)._pool((size,), (step,), (1,)).movedim(-2, d)
 
+    @concrete_sizes("rearrange")
     def rearrange(self: Tensor, formula: str, **sizes: int) -> Tensor:
         """einops-style rearrangement: "b c (h w) -> b h w c", with `sizes` for split groups (h=4), "1" for a unit
         dimension and "..." for the dimensions the pattern doesn't name."""
@@ -276,6 +339,7 @@ class MovementMixin:
 
     # *** diagonals and triangles ***
 
+    @concrete_sizes("diagonal")
     def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
         """The diagonal of dims (dim1, dim2), `offset` above the main one, as a last dimension (torch.diagonal)."""
         a, b = _axis(dim1, self.ndim), _axis(dim2, self.ndim)

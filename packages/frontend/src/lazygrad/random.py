@@ -1,10 +1,14 @@
 """Random numbers of `Tensor`: counter-based, so the same seed gives the same values on every device.
 
-Each call draws from its own stream: element i of the c-th call since `Tensor.manual_seed(seed)` is Threefry-2x32
-(20 rounds, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) of the counter (i, c) under the
-key (seed mod 2**32, seed >> 32). Threefry is only 32-bit adds, xors and rotations, which every device computes
-bit-exactly, and nothing is generated on the host. Floats take the top bits of a word: exactly representable
-multiples of 2**-(mantissa bits + 1) in [0, 1). Normals use Box-Muller on the two words of one counter.
+Each call draws from its own stream: element i of the c-th call on a device since `Tensor.manual_seed(seed)` is
+Threefry-2x32 (20 rounds, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) of the counter
+(i, c) under the key (seed mod 2**32, seed >> 32). Threefry is only 32-bit adds, xors and rotations, which every
+device computes bit-exactly, and nothing is generated on the host. Floats take the top bits of a word: exactly
+representable multiples of 2**-(mantissa bits + 1) in [0, 1). Normals use Box-Muller on the two words of one counter.
+
+The key and the call count live on each device, in a uint32 tensor [key low, key high, calls] that every call reads
+and advances with an `assign`. So the advance is a kernel like any other: a `TinyJit` captures it, and each replay of
+a jitted function that draws random numbers draws the next ones, the same sequence as without the JIT.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
+from lazygrad.engine import device_of_name
 from lazygrad_uop.dtype import DType, DTypeError, dtypes, to_dtype
 
 if TYPE_CHECKING:
@@ -23,18 +30,24 @@ _MASK32 = 0xFFFFFFFF
 _IOTA_CHUNK = 1 << 12  # counters are built from two small uploaded aranges, not one as long as the tensor
 
 
-def threefry2x32(key: tuple[int, int], x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-    """Threefry-2x32 with 20 rounds of the counter words (x0, x1) (uint32 tensors of one shape) under `key`."""
-    ks = (key[0] & _MASK32, key[1] & _MASK32, (key[0] ^ key[1] ^ _PARITY) & _MASK32)
+def threefry2x32(key: tuple[int | Tensor, int | Tensor], x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+    """Threefry-2x32 with 20 rounds of the counter words (x0, x1) (uint32 tensors of one shape) under `key`: two
+    Python ints, or two uint32 tensors that broadcast to the counters' shape (a key kept on the device)."""
+    k0, k1 = key
+    if isinstance(k0, int) and isinstance(k1, int):
+        ks: tuple[Any, Any, Any] = (k0 & _MASK32, k1 & _MASK32, (k0 ^ k1 ^ _PARITY) & _MASK32)
+    else:
+        ks = (k0, k1, k0 ^ k1 ^ _PARITY)
     x0, x1 = x0 + ks[0], x1 + ks[1]
     for block in range(5):
         for r in _ROTATIONS[4 * (block % 2) : 4 * (block % 2) + 4]:
             x0 = x0 + x1
             x1 = (x1 << r) | (x1 >> (32 - r))
             x1 = x1 ^ x0
-        # key injection after every 4 rounds
+        # key injection after every 4 rounds (uint32 tensors wrap by themselves, Python ints are masked)
+        inject = ks[(block + 2) % 3] + block + 1
         x0 = x0 + ks[(block + 1) % 3]
-        x1 = x1 + ((ks[(block + 2) % 3] + block + 1) & _MASK32)
+        x1 = x1 + (inject & _MASK32 if isinstance(inject, int) else inject)
     return x0, x1
 
 
@@ -59,14 +72,43 @@ class RandomMixin:
     __slots__ = ()
 
     _seed: ClassVar[int] = 0
-    _rng_calls: ClassVar[int] = 0
+    _rng_state: ClassVar[dict[str, Tensor]] = {}
+    """Per device: the realized uint32 tensor [key low, key high, calls] that the next random call reads."""
 
     @classmethod
     def manual_seed(cls, seed: int = 0) -> None:
-        """Seed the generator: the random tensors made after this are the same on every run and every device."""
+        """Seed the generator: the random tensors made after this are the same on every run and every device.
+
+        The devices' generator states are overwritten in place (realized at once), so a jitted function sees the
+        new seed on its next replay, and a `manual_seed` inside a jitted function resets the generator on every
+        call."""
         if not 0 <= seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-        RandomMixin._seed, RandomMixin._rng_calls = int(seed), 0
+        RandomMixin._seed = int(seed)
+        for device, state in RandomMixin._rng_state.items():
+            state.assign(cls._seeded_state(device)).realize()
+
+    @classmethod
+    def _seeded_state(cls, device: str) -> Tensor:
+        seed = RandomMixin._seed
+        return cls(np.array([seed & _MASK32, seed >> 32, 0], dtype=np.uint32), device=device, requires_grad=False)
+
+    @classmethod
+    def _next_stream(cls, device: str | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The two key words and the call index of this call (uint32 scalars), and the device's state advanced.
+
+        They are read from a copy of the state, taken and advanced in one realize before anything reads them: a
+        random tensor that stays lazy while later calls advance the state must still see its own call index."""
+        dev = device_of_name(device)
+        state = RandomMixin._rng_state.get(dev)
+        if state is None:
+            state = RandomMixin._rng_state[dev] = cls._seeded_state(dev)
+        snapshot = state.contiguous()
+        one_more_call = cls.ones(1, dtype=dtypes.uint32, device=dev).pad(((2, 0),))
+        state.assign(state + one_more_call)
+        cls.realize(snapshot, state)
+        k0, k1, call = (snapshot.shrink(((i, i + 1),)).reshape(()) for i in range(3))
+        return k0, k1, call
 
     @classmethod
     def _iota(cls, n: int, device: str | None) -> Tensor:
@@ -84,12 +126,9 @@ class RandomMixin:
         n = math.prod(shape)
         if n >= 2**32:
             raise ValueError(f"a random tensor can have at most 2**32 - 1 elements, {shape} has {n}")
-        stream = RandomMixin._rng_calls
-        RandomMixin._rng_calls += 1
+        k0, k1, call = cls._next_stream(device)
         counter = cls._iota(n, device)
-        call = counter.full_like(stream & _MASK32)
-        seed = RandomMixin._seed
-        x0, x1 = threefry2x32((seed & _MASK32, seed >> 32), counter, call)
+        x0, x1 = threefry2x32((k0, k1), counter, call.reshape(1).expand(n))
         return x0.reshape(shape), x1.reshape(shape)
 
     @staticmethod

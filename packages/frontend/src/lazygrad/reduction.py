@@ -17,8 +17,10 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from lazygrad.movement import concrete_sizes
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -59,7 +61,9 @@ class ReductionMixin:
 
     def any(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """True where any element over `axis` is nonzero."""
-        return self.bool().max(axis, keepdim) if self.numel() else self.bool().sum(axis, keepdim).bool()
+        n = self.numel()
+        # max has no value over nothing; a count of the true elements has (a symbolic size may be 0)
+        return self.bool().max(axis, keepdim) if isinstance(n, int) and n else self.bool().sum(axis, keepdim).bool()
 
     def all(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """True where every element over `axis` is nonzero."""
@@ -81,14 +85,26 @@ class ReductionMixin:
 
     # *** statistics ***
 
+    def _reduced_count(self: Tensor, axis: int | Sequence[int] | None, keepdim: bool) -> int | Tensor:
+        """How many elements a reduction over `axis` combines: an int, or for a symbolic dim among them a float tensor
+        shaped as `self.sum(axis, keepdim)`, whose value follows the variable's bound value."""
+        axes = range(self.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+        dims = [self.shape[_axis(a, self.ndim)] for a in axes] if self.ndim else []
+        if all(isinstance(d, int) for d in dims):
+            return math.prod(dims)
+        # a sum of ones over the same axes: the count is then computed in the kernel for whatever value the variable
+        # is bound to (one compile for all), and it fuses into the kernel of the sum it divides
+        ones = type(self).full(self.shape, 1.0, dtype=least_upper_float(self.dtype), device=self.device)
+        return ones.sum(axis, keepdim)
+
     def var(
         self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
     ) -> Tensor:
         """Variance over `axis`, divided by (n - correction): 1 gives the unbiased estimate (torch's default)."""
         x = self.cast(least_upper_float(self.dtype))
         squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        n = x.numel() // max(squares.numel(), 1) if squares.numel() else 0
-        return squares.div(max(n - correction, 0))
+        n = x._reduced_count(axis, keepdim)
+        return squares.div((n - correction).maximum(0) if isinstance(n, type(self)) else max(n - correction, 0))
 
     def std(
         self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: float = 1
@@ -138,9 +154,15 @@ class ReductionMixin:
     def _scan_last(self: Tensor, kind: str) -> Tensor:
         """Inclusive scan along the last axis with "sum", "prod", "max" or "min"."""
         n = self.shape[-1]
+        identity = _SCAN_IDENTITY.get(kind, dtypes.min(self.dtype) if kind == "max" else dtypes.max(self.dtype))
+        if isinstance(n, UOp):
+            # scanned at the largest size n can take, padded with the identity: the first n outputs don't see the
+            # padding, and the int size picks the scan's strategy once for every value of n
+            top, lead = int(n.vmax), self.shape[:-1]
+            padded = self.pad(((0, 0),) * len(lead) + ((0, top - n),), value=identity)
+            return padded._scan_last(kind).shrink(tuple((0, d) for d in lead) + ((0, n),))
         if n <= 1:
             return self
-        identity = _SCAN_IDENTITY.get(kind, dtypes.min(self.dtype) if kind == "max" else dtypes.max(self.dtype))
         if n <= _SCAN_DIRECT:
             arange = type(self).arange(n, device=self.device)
             tri = arange.reshape(1, n) <= arange.reshape(n, 1)  # [i, j]: element j counts toward output i
@@ -234,9 +256,12 @@ class ReductionMixin:
         hit = self.eq(m)
         if dtypes.is_float(self.dtype):
             hit = hit.logical_or(self.isnan())  # a nan is the extreme (and the only kind equal to a nan max)
-        countdown = type(self).arange(n, 0, -1, device=self.device).reshape(n, *(1,) * (self.ndim - d - 1))
+        # top - i at position i (top >= n, so every position counts): the max over the hits is the first of them;
+        # a symbolic n counts down from its largest value, as the result must be an int expression of the tensor
+        top = n if isinstance(n, int) else int(n.vmax)
+        countdown = (top - type(self).arange(n, device=self.device)).reshape(n, *(1,) * (self.ndim - d - 1))
         first = hit.where(countdown, 0).max(d, keepdim)
-        return (n - first).cast(dtypes.int64)
+        return (top - first).cast(dtypes.int64)
 
     def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """The index (int64) of the first largest element along `axis` (of the flattened tensor if None)."""
@@ -280,6 +305,7 @@ class ReductionMixin:
         """The indices (int64) that sort the tensor along `dim`."""
         return self.sort(dim, descending, stable)[1]
 
+    @concrete_sizes("topk")
     def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
         """(the k largest (or smallest) values along `dim`, in order, and their indices as int64)."""
         if self.ndim == 0:
@@ -296,6 +322,7 @@ class ReductionMixin:
     # *** einsum ***
 
     @staticmethod
+    @concrete_sizes("einsum")
     def einsum(formula: str, *operands: Any, dtype: DType | str | None = None) -> Tensor:
         """Einstein summation, as torch.einsum: "ij,jk->ik", implicit outputs ("ij,jk"), "..." broadcasting and
         repeated labels within an operand (diagonals). Operands are multiplied out and summed in one reduction."""

@@ -4,6 +4,7 @@ fused kernels, compiles and runs them."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import weakref
 from collections.abc import Iterable, Sequence
@@ -15,9 +16,9 @@ import numpy as np
 from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
 from lazygrad.functional import FunctionalMixin
-from lazygrad.gradient import compute_gradient
+from lazygrad.gradient import compute_gradient, graph_nodes, realized_graphs
 from lazygrad.indexing import IndexingMixin
-from lazygrad.movement import MovementMixin
+from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bounds
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
@@ -52,10 +53,17 @@ def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
     keys = becomes.keys()
     changed = []
     for t in list(_all_tensors):
-        if not keys.isdisjoint(t.uop.toposort):
+        topo = t.uop.toposort
+        # membership in a toposort is a dict lookup: look up the smaller side (a realize of a few small tensors,
+        # e.g. the random generator's state, then costs little per live tensor however big its graph)
+        if any(k in topo for k in keys) if len(keys) < len(topo) else not keys.isdisjoint(topo):
             t.uop = t.uop.substitute(becomes)
             changed.append(t)
     return changed
+
+
+def _requires_grad_uops() -> set[UOp]:
+    return {t.uop for t in list(_all_tensors) if t.requires_grad}
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
@@ -84,7 +92,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     the API comes from the mixins, one module per kind of op: `elementwise`, `movement`, `indexing`, `reduction`,
     `functional` (conv, pool, norms, losses) and `random`."""
 
-    __slots__ = ("__weakref__", "grad", "requires_grad", "uop")
+    __slots__ = ("__weakref__", "_requires_grad", "grad", "uop")
 
     training: ClassVar[bool] = False
     """True inside `Tensor.train()`: layers such as BatchNorm and dropout use their training behaviour."""
@@ -130,17 +138,30 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             uop = _from_numpy(data.astype(_np_storage(dt), copy=False), dev, dt)
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
-        if requires_grad and uop.op is Ops.CONST:
-            uop = _unique_const(uop)
         if Tensor.no_grad and isinstance(data, UOp) and uop.op is not Ops.DETACH and not is_view_of_leaf(uop):
             uop = UOp(Ops.DETACH, uop.dtype, (uop,))
         self.uop: UOp = uop
+        self._requires_grad: bool | None = None
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
         shape_of(uop)  # shape errors surface where the tensor is built, not at realize time
         _all_tensors.add(self)
 
     # *** properties ***
+
+    @property
+    def requires_grad(self) -> bool | None:
+        """True: `backward()` fills `.grad`; None: undecided (an optimizer turns it on); False: never."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool | None) -> None:
+        if value and not self._requires_grad and not is_view_of_leaf(self.uop):
+            # a leaf of autograd must be a node of its own: equal lazy graphs are one node, so two parameters made
+            # alike (two Tensor.zeros(4) biases), or a parameter and an equal constant elsewhere in the loss, would
+            # be one target and collect each other's gradients
+            self.uop = _own_node(self.uop)
+        self._requires_grad = value
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -235,11 +256,34 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             start, stop = 0, start
         if step == 0:
             raise ValueError("arange step must not be zero")
+        if isinstance(start, UOp) or isinstance(stop, UOp):
+            return Tensor._symbolic_arange(start, stop, step, dtype, device)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(0, math.ceil((stop - start) / step))
         # start + i*step computed on the host as torch does, then uploaded: small and exact
         vals = start + np.arange(n, dtype=np.float64 if dtypes.is_float(dt) else np.int64) * step
         return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
+
+    @staticmethod
+    def _symbolic_arange(start: Any, stop: Any, step: Any, dtype: DType | str | None, device: str | None) -> Tensor:
+        """arange with a symbolic bound: the first `count` values of an arange as long as `count` can get, so one
+        buffer and one kernel serve every value of the variables."""
+        if not (isinstance(start, int) and isinstance(stop, UOp) and isinstance(step, int) and step > 0):
+            # a symbolic value (not a size) has no tensor-graph node: a symbolic start would have to be one
+            raise NotImplementedError(
+                f"arange({show_sizes(start)}, {show_sizes(stop)}, {show_sizes(step)}): with a symbolic bound, only "
+                "the stop may be symbolic, with an int start and a positive int step"
+            )
+        count = ((stop - start + step - 1) // step).ssimplify()
+        if not always_le(0, count):
+            raise ValueError(
+                f"arange({show_sizes(start)}, {show_sizes(stop)}, {step}) is empty or negative for some values in "
+                f"its variables' bounds ({symbolic_bounds(start, stop)}); keep stop >= start for all of them"
+            )
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_int
+        longest = Tensor.arange(int(count.vmax), dtype=dt, device=device)
+        first = longest.shrink(((0, count),))
+        return first if step == 1 and start == 0 else first * step + start
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
@@ -287,7 +331,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def kernelize(self, *others: Tensor) -> Tensor:
         """Cut the graphs of this tensor and `others` into kernels: each becomes ASSIGN(buffer, KERNEL)."""
-        _apply_becomes(kernelize([t.uop for t in (self, *others)]))
+        _separate_twins([self, *others])
+        becomes = kernelize([t.uop for t in (self, *others)])
+        realized_graphs.commit(*realized_graphs.plan(becomes, _requires_grad_uops()))
+        _apply_becomes(becomes)
         return self
 
     def schedule(self, *others: Tensor) -> list[ScheduleItem]:
@@ -304,12 +351,18 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     @staticmethod
     def _realize_all(tensors: Iterable[Tensor]) -> None:
         tensors = list(tensors)
+        _separate_twins(tensors)
         becomes = kernelize([t.uop for t in tensors])
+        # autograd keeps going through what this realize computes (see RealizedGraphs)
+        origins, written = realized_graphs.plan(becomes, _requires_grad_uops())
         changed = _apply_becomes(becomes)
         items, done = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in tensors)))
-        # buffers that only kernels of this schedule read can share memory (the other tensors can't reach them)
-        run_schedule(items, intermediate_buffers(becomes, [t.uop for t in changed]))
+        # buffers that only kernels of this schedule read can share memory (the other tensors, and the graphs kept
+        # for autograd, can't reach them)
+        live = [*(t.uop for t in changed), *(v for v in origins.values() if v is not None)]
+        run_schedule(items, intermediate_buffers(becomes, live))
         _apply_becomes({a: a.src[0] for a in done})
+        realized_graphs.commit(origins, written)
 
     def assign(self, x: Any) -> Tensor:
         """Overwrite this tensor's values with `x` in place (kernels that read the old values run first)."""
@@ -345,8 +398,6 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Set `requires_grad` in place (None: undecided, an optimizer turns it on; False: never) and return self."""
-        if requires_grad and self.uop.op is Ops.CONST:
-            self.uop = _unique_const(self.uop)
         self.requires_grad = requires_grad
         return self
 
@@ -359,7 +410,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         depend on (or only through `detach` or non-differentiable ops) raises, or gets zeros with materialize_grads.
         """
         seed = self._gradient_seed(gradient)
-        grads = compute_gradient(self.uop, seed.uop, {t.uop for t in targets})
+        grads = compute_gradient(self.uop, seed.uop, {t.uop for t in targets}, realized_graphs.mapping)
         out = []
         for t in targets:
             if (g := grads.get(t.uop)) is not None:
@@ -368,28 +419,35 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
                 out.append(t.zeros_like())
             else:
                 raise RuntimeError(
-                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach or "
-                    "non-differentiable ops); pass materialize_grads=True to get zeros for it"
+                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach, "
+                    "non-differentiable ops, or a realized tensor: realizing keeps the graph for autograd only where "
+                    "it reaches a tensor with requires_grad=True, so set that on the target before computing); pass "
+                    "materialize_grads=True to get zeros for it"
                 )
         return out
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Accumulate the gradient of this tensor into `.grad` of every tensor with requires_grad=True it depends on.
 
-        Call it before realizing this tensor: realizing replaces the graph by its stored result. The gradients stay
-        lazy, so `Tensor.realize(*grads)` or an optimizer step computes them in one schedule with everything else.
+        Reading values first (`.numpy()`, `.item()`, `.realize()` of the loss or of any intermediate) doesn't change
+        the gradients: autograd goes through realized tensors to the graphs they were computed from. The gradients
+        stay lazy, so `Tensor.realize(*grads)` or an optimizer step computes them in one schedule with everything
+        else; as in torch (without create_graph), they are cut from autograd themselves.
         """
-        graph = self.uop.toposort
+        graph = graph_nodes(self.uop, realized_graphs.mapping)
         leaves = [t for t in list(_all_tensors) if t.requires_grad and t.uop in graph]
-        grads = compute_gradient(self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves})
+        grads = compute_gradient(
+            self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves}, realized_graphs.mapping
+        )
         if not grads:
             raise RuntimeError(
                 "backward() reached no tensor with requires_grad=True: set it on the inputs to differentiate (an "
-                "optimizer sets it on its parameters), and call backward() before the loss is realized"
+                "optimizer sets it on its parameters) before computing the loss from them"
             )
         for t in leaves:
             if (g := grads.get(t.uop)) is not None:
-                t.grad = Tensor(g) if t.grad is None else t.grad.assign(t.grad + Tensor(g))
+                g = Tensor(_detached(g))
+                t.grad = g if t.grad is None else t.grad.assign(t.grad + g)
         return self
 
     def _gradient_seed(self, gradient: Tensor | None) -> Tensor:
@@ -475,7 +533,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if any(isinstance(d, UOp) for d in (*new, *self.shape)):
             # symbolic sizes are checked at the values their variables are bound to
             if -1 in new or math.prod(map(resolve, new)) != math.prod(map(resolve, self.shape)):
-                raise ValueError(f"can't reshape {self.shape} to {tuple(new)} (no -1 with symbolic sizes)")
+                raise ValueError(
+                    f"can't reshape {show_sizes(self.shape)} to {show_sizes(tuple(new))} (with symbolic sizes: equal "
+                    "element counts at the bound values, and no -1)"
+                )
             return self if tuple(new) == self.shape else self._mop(Ops.RESHAPE, tuple(new))
         if new.count(-1) > 1:
             raise ValueError(f"only one dimension can be -1 in reshape, got {tuple(new)}")
@@ -550,21 +611,47 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if not isinstance(mode, str):
             raise TypeError(f"pad mode must be a string (the fill value is value=...), got {mode!r}")
         pairs = _pad_pairs(padding, self.ndim)
+        if any(isinstance(p, UOp) and not always_le(0, p) for pair in pairs for p in pair):
+            raise ValueError(
+                f"pad {show_sizes(pairs)} has a symbolic amount that can be negative ({symbolic_bounds(*pairs)}); "
+                "symbolic padding must be >= 0 for every value of its variables"
+            )
         if mode != "constant":
+            padded = [d for (b, a), d in zip(pairs, self.shape) if not (isinstance(b, int) and b == a == 0)]
+            if any(isinstance(x, UOp) for x in (*padded, *(p for pair in pairs for p in pair))):
+                raise NotImplementedError(
+                    f"pad mode {mode!r} of shape {show_sizes(self.shape)} by {show_sizes(pairs)}: a symbolic size or "
+                    "amount is supported by mode 'constant' only"
+                )
             return self._pad_mode(pairs, mode)
-        if any(b < 0 or a < 0 for b, a in pairs):
-            # negative padding crops, as in torch
-            crop = tuple((max(0, -b), d - max(0, -a)) for (b, a), d in zip(pairs, self.shape))
-            return self.shrink(crop).pad(tuple((max(0, b), max(0, a)) for b, a in pairs), value=value)
-        if all(b == 0 and a == 0 for b, a in pairs):
+        if any(not isinstance(p, UOp) and p < 0 for pair in pairs for p in pair):
+            # negative padding crops, as in torch (symbolic amounts are never negative, checked above)
+            def cut(p: Any) -> Any:
+                return 0 if isinstance(p, UOp) else max(0, -p)
+
+            def grow(p: Any) -> Any:
+                return p if isinstance(p, UOp) else max(0, p)
+
+            crop = tuple((cut(b), d - cut(a)) for (b, a), d in zip(pairs, self.shape))
+            return self.shrink(crop).pad(tuple((grow(b), grow(a)) for b, a in pairs), value=value)
+        if all(isinstance(b, int) and isinstance(a, int) and b == a == 0 for b, a in pairs):
             return self
-        out = self._mop(Ops.PAD, pairs)
+        out = self._padded(pairs)
         if value == 0 and not _nonzero_at_zero(self.uop):
             return out
         # the padding of a fused kernel evaluates the padded expression with its inputs read as 0: right for most
         # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly
-        inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._mop(Ops.PAD, pairs)
+        inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._padded(pairs)
         return inside.where(out, value)
+
+    def _padded(self, pairs: tuple[tuple[Any, Any], ...]) -> Tensor:
+        return self._mop(Ops.PAD, pairs)._canonical()
+
+    def _canonical(self) -> Tensor:
+        """This tensor with each symbolic size in the symbolic engine's form ((n + 2) + 1 as n + 3, (a + n) - a as
+        n, n + (40 - n) as 40): equal sizes built different ways must be one expression to meet in elementwise ops."""
+        canonical = tuple(d.ssimplify() if isinstance(d, UOp) else d for d in self.shape)
+        return self if canonical == self.shape else self.reshape(canonical)
 
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         """Keep [start, end) of each dimension (None keeps all of it)."""
@@ -574,7 +661,15 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         for (b, e), d in zip(pairs, self.shape):
             if not 0 <= resolve(b) <= resolve(e) <= resolve(d):
                 raise ValueError(f"shrink {pairs} is out of range for shape {self.shape}")
-        return self if all(p == (0, d) for p, d in zip(pairs, self.shape)) else self._mop(Ops.SHRINK, pairs)
+            if not (always_le(0, b) and always_le(b, e) and always_le(e, d)):
+                raise ValueError(
+                    f"shrink {show_sizes(pairs)} fits shape {show_sizes(self.shape)} at the bound values but not "
+                    f"for every value in the variables' bounds ({symbolic_bounds(b, e, d)}), and its kernel runs for "
+                    "all of them: narrow the bounds so that 0 <= start <= end <= size always holds"
+                )
+        if all(p == (0, d) for p, d in zip(pairs, self.shape)):
+            return self
+        return self._mop(Ops.SHRINK, pairs)._canonical()
 
     def flip(self, *axis: Any) -> Tensor:
         """Reverse the order of elements along `axis`."""
@@ -988,8 +1083,9 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """Average over `axis`; integer inputs give the default float."""
         ft = least_upper_float(self.dtype)
         out = self.cast(ft).sum(axis, keepdim)
-        n = self.numel() // max(out.numel(), 1) if out.numel() else 0
-        return out.div(n) if n else out * math.nan
+        n = self._reduced_count(axis, keepdim)
+        # a symbolic count of 0 divides 0 by 0: nan, as an int count of 0 gives
+        return out.div(n) if isinstance(n, Tensor) or n else out * math.nan
 
     # *** linear algebra ***
 
@@ -1109,6 +1205,34 @@ class _HostView:
         self.__array_interface__ = {"shape": (buf.size,), "typestr": npdt.str, "data": (address, True), "version": 3}
 
 
+def _separate_twins(tensors: list[Tensor]) -> None:
+    """Give each tensor about to be realized whose graph is the very node of another live tensor (equal graphs built
+    apart, e.g. `Tensor.zeros(3)` twice, are one node) a node of its own, so that it gets a buffer of its own:
+    otherwise realizing one would store both in one buffer, and an assign to one would change the other."""
+    pending = {id(t): t for t in tensors if t.uop.op is not Ops.ASSIGN and not is_view_of_leaf(t.uop)}
+    if not pending:
+        return
+    users: dict[UOp, int] = {}
+    for t in list(_all_tensors):
+        users[t.uop] = users.get(t.uop, 0) + 1
+    for t in pending.values():
+        if users[t.uop] > 1:
+            t.uop = _own_node(t.uop)
+
+
+_own_ids = itertools.count()
+
+
+def _own_node(u: UOp) -> UOp:
+    """A node with the value of `u` that no other graph has: a CONTIGUOUS whose arg is a fresh id (a plain CONTIGUOUS
+    has none), so it stores its own buffer when realized; a CONST gets a buffer of its own at once."""
+    if u.op is Ops.CONST:
+        return _unique_const(u)
+    if u.op is Ops.CONTIGUOUS:
+        return u.replace(arg=next(_own_ids))
+    return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_own_ids))
+
+
 def _unique_const(c: UOp) -> UOp:
     """A constant in its own buffer: CONST nodes are interned, so one that requires grad would otherwise be the same
     node as every equal constant in the graph and collect their gradients too."""
@@ -1121,6 +1245,22 @@ _NONZERO_AT_ZERO = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, 
 def _nonzero_at_zero(u: UOp) -> bool:
     """True when `u` computes something nonzero from all-zero inputs (exp, reciprocal, log, integer division)."""
     return any(n.op in _NONZERO_AT_ZERO for n in u.toposort)
+
+
+def _detached(u: UOp) -> UOp:
+    """`u` cut from autograd, with the DETACH under its movement ops: a view of a value stays a view of it (realizing
+    a DETACH over a permute would store a copy in the new layout)."""
+    chain = []
+    while u.op in _MOVEMENT:
+        chain.append(u)
+        u = u.src[0]
+    u = UOp(Ops.DETACH, u.dtype, (u,))
+    for m in reversed(chain):
+        u = m.replace(src=(u,))
+    return u
+
+
+_MOVEMENT = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
 
 
 def _np_storage(dt: DType) -> Any:
@@ -1163,9 +1303,9 @@ def _pad_pairs(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]
     if all(isinstance(p, (tuple, list)) or p is None for p in padding):
         if len(padding) != ndim:
             raise ValueError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
-        return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+        return tuple((0, 0) if p is None else (_sint(p[0]), _sint(p[1])) for p in padding)
     if len(padding) % 2 or len(padding) // 2 > ndim:
         raise ValueError(f"flat padding {tuple(padding)} needs (left, right) pairs for at most {ndim} dimensions")
     flat = list(padding) + [0] * (2 * ndim - len(padding))
     # torch's flat form starts at the last dimension
-    return tuple((int(flat[2 * i]), int(flat[2 * i + 1])) for i in range(ndim))[::-1]
+    return tuple((_sint(flat[2 * i]), _sint(flat[2 * i + 1])) for i in range(ndim))[::-1]
