@@ -283,3 +283,30 @@ def test_embedding() -> None:
     idx = rand((2, 3), 22, 0, 9, np.int64)
     compare(lambda i, t: i.embedding(t), lambda i, t: torch.nn.functional.embedding(i, t), [idx, w])
     assert Tensor(idx).embedding(Tensor(w)).dtype == dtypes.float32
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("stored", [False, True])
+def test_assign_into_a_view_writes_the_viewed_tensor(seed: int, stored: bool) -> None:
+    """`view.assign(v)` on a slice, transpose or int-indexed view changes the tensor it views, whether that tensor is
+    stored or still lazy, as torch's in-place copy into a view does. Reference: numpy writing through a view."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 5, size=int(rng.integers(1, 4))))
+    ref = rng.standard_normal(shape).astype(np.float32)
+    t = (Tensor(ref) * 1).contiguous()  # lazy: a kernel not run yet
+    if stored:
+        t.realize()
+    index = tuple(
+        int(rng.integers(0, d)) if rng.random() < 0.3 else slice(int(rng.integers(0, d)), d, int(rng.integers(1, 3)))
+        for d in shape
+    )
+    if all(isinstance(i, int) for i in index):  # a view, not one element (numpy gives a scalar copy for that)
+        index = (slice(index[0], index[0] + 1), *index[1:])
+    transpose = rng.random() < 0.5 and len(shape) > 1
+    ref_view = ref.T[index[::-1]] if transpose else ref[index]
+    view = t.T[index[::-1]] if transpose else t[index]
+    value = rng.standard_normal(ref_view.shape).astype(np.float32)
+    ref_view[...] = value  # numpy writes through its view into ref
+    view.assign(Tensor(value))
+    np.testing.assert_array_equal(t.numpy(), ref)
+    np.testing.assert_array_equal(view.numpy(), value)

@@ -22,7 +22,7 @@ from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bou
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
-from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
+from lazygrad_scheduler.kernelize import apply_movement, base_buffer, is_leaf, leaf_view, view_base
 from lazygrad_scheduler.memory import intermediate_buffers
 from lazygrad_scheduler.schedule import ScheduleItem
 from lazygrad_uop.device import Buffer
@@ -375,11 +375,28 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise ValueError(f"assign from {x.device} to a tensor on {self.device}; move it with .to() first")
         if x.dtype != self.dtype:
             raise DTypeError(f"assign of {x.dtype!r} to a {self.dtype!r} tensor; cast it first")
-        if not is_view_of_leaf(self.uop):
-            # nothing stored yet, so nothing to overwrite: this tensor simply becomes x
-            self.uop = x.uop
-            return self
-        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+        base = view_base(self.uop)
+        if not is_leaf(base):
+            # a view of tensors not stored yet (`g[0:1].assign(x)` with g lazy): store the tensors it views, so that
+            # the write lands in their memory; with no such tensor alive, nothing can see the old values and this
+            # tensor simply becomes x
+            viewed = set()
+            u = self.uop
+            while u is not base:
+                u = u.src[0]
+                viewed.add(u)
+            owners = [t for t in list(_all_tensors) if t.uop in viewed and t is not self]
+            if not owners:
+                self.uop = x.uop
+                return self
+            Tensor.realize(*owners)
+            base = view_base(self.uop)
+        target = self.uop
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (target, x.uop))
+        if target is not base and not (target.op is Ops.VIEW and target.src[0] is base):
+            # a view into another tensor's memory: write now, as torch's in-place ops on views do, so that the tensor
+            # it views sees the new values (left lazy, only this view's tensor would ever run the write)
+            self.realize()
         return self
 
     def contiguous(self) -> Tensor:
