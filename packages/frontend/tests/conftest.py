@@ -1,11 +1,21 @@
-"""Shared fixtures: the op suite runs on every device given here, each checked against numpy."""
+"""Shared fixtures: the op suite runs on every device given here, each checked against numpy; `compiles` records the
+kernels compiled while a test runs; `load_example` imports a script of examples/ for the tests of the examples."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
 
+import lazygrad.engine
 from lazygrad_uop.registry import Device
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 settings.register_profile("ops", max_examples=12, deadline=None, derandomize=True)
 settings.load_profile("ops")
@@ -20,3 +30,35 @@ def device(request: pytest.FixtureRequest) -> str:
     if why is not None:
         pytest.skip(f"{request.param} device unavailable: {why}")
     return request.param
+
+
+@pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """Every kernel AST compiled while the test runs."""
+    seen: list[object] = []
+    real = lazygrad.engine.get_program
+
+    def counting(ast, renderer, *args, **kwargs):
+        seen.append(ast)
+        return real(ast, renderer, *args, **kwargs)
+
+    monkeypatch.setattr(lazygrad.engine, "get_program", counting)
+    yield seen
+
+
+@pytest.fixture(scope="session")
+def load_example() -> object:
+    """`load_example(name)`: examples/`name`.py as a module (the test skips where the checkout has no examples)."""
+
+    def load(name: str) -> ModuleType:
+        path = EXAMPLES / f"{name}.py"
+        if not path.exists():
+            pytest.skip(f"{path} is not in this checkout")
+        spec = importlib.util.spec_from_file_location(f"{name}_example", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up by name while the class is built
+        spec.loader.exec_module(module)
+        return module
+
+    return load

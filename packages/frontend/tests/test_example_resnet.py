@@ -9,10 +9,6 @@ come from 4 values, and at lr 0.1 float32 rounding alone (torch in float32 again
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import numpy as np
 import pytest
 
@@ -20,18 +16,7 @@ import lazygrad.engine
 from lazygrad import Tensor
 from lazygrad.nn.state import get_state_dict
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "resnet.py"
 WIDTH, SIZE, BATCH, CLASSES, LR, STEPS = 8, 64, 4, 10, 0.01, 3
-
-
-def _load_example() -> ModuleType:
-    if not EXAMPLE.exists():
-        pytest.skip(f"{EXAMPLE} is not in this checkout")
-    spec = importlib.util.spec_from_file_location("resnet_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple]:
@@ -47,8 +32,8 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> l
     return calls
 
 
-def test_names_and_sizes_follow_resnet18() -> None:
-    example = _load_example()
+def test_names_and_sizes_follow_resnet18(load_example) -> None:
+    example = load_example("resnet")
     Tensor.manual_seed(0)
     model = example.resnet18()
     state = get_state_dict(model)
@@ -60,9 +45,9 @@ def test_names_and_sizes_follow_resnet18() -> None:
     assert state["fc.weight"].shape == (1000, 512)
 
 
-def test_three_jitted_steps_match_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_three_jitted_steps_match_torch(monkeypatch: pytest.MonkeyPatch, load_example) -> None:
     torch = pytest.importorskip("torch")
-    example = _load_example()
+    example = load_example("resnet")
     Tensor.manual_seed(0)
     model = example.resnet18(CLASSES, WIDTH)
     torch_net, torch_step = example.torch_reference(model, lr=LR)

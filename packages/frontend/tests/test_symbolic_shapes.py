@@ -3,12 +3,11 @@ References are numpy on the same data."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-import lazygrad.engine
 from lazygrad import Tensor, TinyJit, Variable
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import resolve
@@ -19,20 +18,6 @@ VALUES = (3, 17, 1, 40, 8)
 
 def _f32(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
-
-
-@pytest.fixture
-def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
-    """Every kernel AST compiled while the test runs."""
-    seen: list[object] = []
-    real = lazygrad.engine.get_program
-
-    def counting(ast, renderer, *args, **kwargs):
-        seen.append(ast)
-        return real(ast, renderer, *args, **kwargs)
-
-    monkeypatch.setattr(lazygrad.engine, "get_program", counting)
-    yield seen
 
 
 def _each_value_compiles_nothing_new(run: Callable[[int], None], compiles: list[object]) -> None:
