@@ -8,9 +8,11 @@ In order:
    (up to 1024 threads, whole warps that combine by shuffles), and a reduction whose length no such group divides is
    padded to a multiple of one first;
 3. register reuse: a load that does not depend on an output axis (stride 0 along it, as B along the rows of a matmul)
-   is read once for every output along that axis a thread computes, so such axes are upcast, the one the output
-   is contiguous along first and widest (a multiple of the vector width, so loads and stores are vectors), until
-   the accumulators fill the register budget (`accumulator_budget`);
+   is read once for every output along that axis a thread computes, so such axes are upcast, first and widest one
+   that an input is contiguous along (the output's contiguous one when it is such an axis; a multiple of the vector
+   width, so loads are vectors), until the accumulators fill the register budget (`accumulator_budget`). When no
+   input is contiguous along an output axis but two are along the reduction (`x @ W.T`, `q @ k^T`), dot products
+   instead (`_dot_tiles`): the reduction unrolled by one vector, each output a vector of partial sums, 4x4 tiles;
 4. without such reuse, vectors anyway: a reduction along the biggest input's contiguous axis unrolled so each step
    reads whole vectors; a reduction across it (a column sum) upcast along it as far as the accumulators allow, so
    each strided step reads a long run; elementwise kernels upcast along the output's contiguous axis;
@@ -112,9 +114,19 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     # a multiple of the vector width where the axis allows, else part of a vector
     vector_choices = [2 * width, width, 4, 2] if width > 1 else ([4] if r.supports_float4 else [])
     widest: tuple[int, int] | None = None  # (amount, GLOBAL axis) of the widest register-tiling upcast
-    if k.reduceops and reuse:
-        # register tiling: the contiguous axis in vectors, then the others while the accumulators fit
-        first = [i for i in reuse if i in out_contig] or reuse[:1]
+    # output axes some input can be read along in vectors
+    loadable = [i for i in reuse if any(_stride(st, i) == 1 for st in full_loads)]
+    if k.reduceops and reuse and width > 1 and not loadable and (along := _dot_axis(k, full_loads)) is not None:
+        _dot_tiles(k, g, full_loads, reuse, along)
+    elif k.reduceops and reuse:
+        # register tiling: an axis the output and an input are contiguous along in vectors, then the others while
+        # the accumulators fit
+        first = (
+            [i for i in loadable if i in out_contig]
+            or loadable[:1]
+            or [i for i in reuse if i in out_contig]
+            or reuse[:1]
+        )
         for n, i in enumerate(first + [i for i in reuse if i not in first]):
             lanes = k.lanes(AxisType.UPCAST)
             if n == 0 and width > 1:
@@ -156,6 +168,44 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         if cur is not None and cur > 0:
             _try(k, Opt(OptOps.SWAP, 0, cur))
     return k
+
+
+def _dot_axis(k: Kernel, full_loads: list[ShapeTracker]) -> int | None:
+    """The REDUCE axis that at least two inputs are contiguous along (the last such), when whole vectors of it fit
+    its length: the reduction of a matmul like `x @ W.T`."""
+    width = max(1, k.renderer.vector_width)
+    along = [a for a in k.axes(AxisType.REDUCE) if sum(_stride(st, a) == 1 for st in full_loads) >= 2]
+    if not along or not isinstance(size := k.full_shape[along[-1]], int) or size % width:
+        return None
+    return along[-1]
+
+
+def _dot_tiles(k: Kernel, g: _Globals, full_loads: list[ShapeTracker], reuse: list[int], along: int) -> None:
+    """Dot products for a matmul whose inputs are both contiguous along the reduction axis `along` (`x @ W.T`):
+    that axis unrolled by one vector, each output keeping a vector of partial sums (the lowerer's dot layout, summed
+    once after the loop), a tile of up to 4x4 outputs. The outer loop walks the rows of the bigger input, 4 at a
+    time: the inner loop streams the smaller one, which a bigger cache may hold whole, past those rows. Batch axes
+    (both inputs move along them) stay outermost."""
+    width = max(1, k.renderer.vector_width)
+    if not _try(k, Opt(OptOps.UNROLL, k.axes(AxisType.REDUCE).index(along), width)):
+        return
+
+    def operand_size(axis: int) -> int:
+        # the input read along `axis`: nonzero stride on it (stride 0 along the other output axis)
+        return min((st.real_size() for st in full_loads if _stride(st, axis) != 0), default=0)
+
+    if len(reuse) == 1:
+        # a matrix-vector product: rows of the matrix at a time, each its own chain of multiply-adds
+        g.upcast(reuse[0], [8, 4, 2])
+        return
+    # on a tie the axis that is outer already stays outer
+    inner, outer = sorted(reuse[-2:], key=lambda a: (operand_size(a), -a))
+    stationary = g.upcast(outer, [4, 2])
+    g.upcast(inner, [c for c in (4, 2) if stationary * c * width <= accumulator_budget(k)])
+    # the outer loop outside the inner one, but inside the batch loops: a batch's inputs stay cached while it runs
+    first, second = g.now[inner], g.now[outer]
+    if first is not None and second is not None and first < second:
+        _try(k, Opt(OptOps.SWAP, first, second))
 
 
 def _tensor_cores(k: Kernel) -> bool:

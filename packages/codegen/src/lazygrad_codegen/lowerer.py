@@ -10,12 +10,14 @@ Each axis gets an index by its type:
 - TC_M, TC_N, TC_K: the coordinate the tensor core's layout gives the thread and register (`tensor_cores`).
 
 Values are vectors with one lane per combination of the UPCAST axes (above a reduction), or of the UNROLL and
-UPCAST axes (below it, unrolled axes outermost). A LOAD or CONST becomes a VECTORIZE of one scalar per lane, each
-indexed through its view with that lane's constants; ALU ops act on whole vectors; a REDUCE_AXIS folds the unrolled
-lanes into an accumulator (`DEFINE_ACC` over the reduce loops, updated by `ASSIGN`) that keeps one lane per output
-lane, or more when there are fewer output lanes than the renderer's vector width (then they are summed after the
-loop); a STORE becomes one scalar STORE per lane. `lazygrad_codegen.vectors` then cuts the vectors to what the
-renderer takes and merges neighbouring scalar loads and stores into vector ones.
+UPCAST axes (below it, unrolled axes outermost; output lanes outermost in the dot layout). A LOAD or CONST becomes a
+VECTORIZE of one scalar per lane, each indexed through its view with that lane's constants; ALU ops act on whole
+vectors; a REDUCE_AXIS folds the unrolled lanes into an accumulator (`DEFINE_ACC` over the reduce loops, updated by
+`ASSIGN`) that keeps one lane per output lane, or more when there are fewer output lanes than the renderer's vector
+width (then they are summed after the loop), or, when the loads run along the innermost unrolled axis (`x @ W.T`),
+whole vectors of unrolled lanes per output (the dot layout, `_acc_layout`); a STORE becomes one scalar STORE per
+lane. `lazygrad_codegen.vectors` then cuts the vectors to what the renderer takes and merges neighbouring scalar
+loads and stores into vector ones.
 
 A grouped reduction (GROUP_REDUCE axes) stores each thread's partial result in local memory (`DEFINE_LOCAL`),
 waits at a `BARRIER`, and lets every thread sum its group's partials in a loop; only the threads at group position 0
@@ -31,7 +33,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from lazygrad_codegen.heuristic import accumulator_budget
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
+from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import concat, gep, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
@@ -86,11 +90,15 @@ def hardware_indices(sizes: list[sint], prefix: str) -> tuple[list[UOp], tuple[s
 @dataclass(frozen=True)
 class _Lanes:
     """The vector lanes of a context: the kernel axes (or "reg", a tensor-core register) they enumerate, outermost
-    first, and whose tensor-core layout ("A", "B", "C", or "" outside tensor-core operands) places the TC axes."""
+    first, and whose tensor-core layout ("A", "B", "C", or "" outside tensor-core operands) places the TC axes.
+    Where a one-hot selection is read (`lazygrad_codegen.selection`), `pins` gives some axes an index per lane
+    instead of their loop, and `gate` per lane says whether there is anything to read (loads are gated by it)."""
 
     axes: tuple[int | str, ...]
     sizes: tuple[int, ...]
     operand: str = ""
+    pins: tuple[tuple[int, tuple[UOp, ...]], ...] = ()
+    gate: tuple[UOp, ...] = ()
 
     @property
     def n(self) -> int:
@@ -113,7 +121,7 @@ def _reduce_alu(op: Ops, dtype: DType) -> Ops:
     return {Ops.ADD: Ops.OR, Ops.MUL: Ops.AND, Ops.MAX: Ops.OR}[op] if dtypes.is_bool(dtype) else op
 
 
-def _relevant_axes(st: ShapeTracker) -> tuple[int, ...]:
+def relevant_axes(st: ShapeTracker) -> tuple[int, ...]:
     """The axes whose index can change what `st` reads: all but size-1 axes, and for one view, stride-0 axes that
     no mask depends on."""
     if len(st.views) == 1:
@@ -213,8 +221,15 @@ class _Lowerer:
         out: list[UOp] = []
         zero = UOp.const(dtypes.int32, 0)
         above_reduce = lanes is self.out
+        pins = dict(lanes.pins)
+        lane = 0
+        if pins:
+            for ax, size in zip(lanes.axes, lanes.sizes, strict=True):
+                lane = lane * size + coord[ax]
         for a, t in enumerate(self.k.axis_types):
-            if a in coord:
+            if a in pins:
+                out.append(pins[a][lane])
+            elif a in coord:
                 out.append(UOp.const(dtypes.int32, coord[a]))
             elif t in (AxisType.TC_M, AxisType.TC_N, AxisType.TC_K):
                 if not lanes.operand or (above_reduce and t is AxisType.TC_K):
@@ -232,7 +247,7 @@ class _Lowerer:
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
         """(index, valid) of `view` for each lane."""
         st = self.k.views[view]
-        relevant = _relevant_axes(st)
+        relevant = relevant_axes(st)
         out = []
         for coord in lanes.coords():
             idxs = self.idxs(lanes, coord)
@@ -258,9 +273,12 @@ class _Lowerer:
             return u
         if u.op is Ops.LOAD:
             buf = u.src[0]
+            indexed = self.indexed(u.src[1], lanes)
+            if lanes.gate:
+                indexed = [(idx, valid & g) for (idx, valid), g in zip(indexed, lanes.gate, strict=True)]
             loads = [
                 UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), UOp.const(u.dtype, 0), valid))
-                for idx, valid in self.indexed(u.src[1], lanes)
+                for idx, valid in indexed
             ]
             return vectorize(loads)
         if u.op is Ops.CONST:
@@ -286,19 +304,98 @@ class _Lowerer:
         target = min(4 * self.width, n_out * n_unroll)
         return next(d for d in range(1, n_unroll + 1) if n_unroll % d == 0 and n_out * d >= target)
 
+    def _acc_layout(self, n_out: int, n_unroll: int) -> tuple[int, bool]:
+        """(unrolled lanes kept apart per output lane, whether in the dot layout). When the loads below the reduction
+        are mostly contiguous along the innermost UNROLL axis (`x @ W.T`: both operands along the reduction), each
+        output keeps whole vectors of unrolled lanes (output-major, `_acc_lanes`): a step is then one vector
+        multiply-add per output on vectors straight from memory, and the lanes are summed once after the loop.
+        Otherwise each step would have to transpose its vectors into output order."""
+        apart = self._acc_multiplicity(n_out, n_unroll)
+        w = self.width
+        unroll = self.k.axes(AxisType.UNROLL)
+        if w <= 1 or not unroll or not self._contiguous_along_unroll():
+            return apart, False
+        # whole vectors per output, at least as many lanes as without the dot layout, within the register budget
+        inner = int(self.k.full_shape[unroll[-1]])
+        dot = next((d for d in range(max(w, apart), inner + 1, w) if inner % d == 0), None)
+        if dot is None or n_out * dot > accumulator_budget(self.k):
+            return apart, False
+        return dot, True
+
+    def _contiguous_along_unroll(self) -> bool:
+        """Whether more loads below the reduction read consecutive elements along the innermost UNROLL axis than
+        along the innermost UPCAST axis."""
+        unroll, upcast = self.k.axes(AxisType.UNROLL)[-1], self.k.axes(AxisType.UPCAST)
+        strides = [st.real_strides(ignore_valid=True) for ld, st in self.k.loads() if ld.src[1] in self.k.full_views]
+
+        def along(axis: int) -> int:
+            return sum(1 for s in strides if isinstance(s[axis], int) and s[axis] == 1)
+
+        return along(unroll) > (along(upcast[-1]) if upcast else 0)
+
+    def _select(self, red: UOp) -> UOp | None:
+        """A one-hot selection read at the one position it picks, with no loop (see `lazygrad_codegen.selection`);
+        None when `red` is not one (or its index math is not an arange), to be lowered as a reduction."""
+        sel = find_selection(red, self.k)
+        if sel is None:
+            return None
+        n = self.out.n
+        valid: list[UOp] = [UOp.const(dtypes.bool, True)] * n
+        pins: list[tuple[int, tuple[UOp, ...]]] = []
+        for axis, index, target in sel.pins:
+            size = self.k.full_shape[axis]
+            # the index math reads no axis but this one: one lane of it, over the reduce loop, is all of it
+            f = self.value(index, _Lanes((), ()))
+            fit = affine_fit(f, self.idx[axis], size) if isinstance(size, int) else None
+            if fit is None:
+                return None
+            solved = [solve(e, *fit, size) for e in self._per_lane(target)]
+            valid = [v & ok for v, (ok, _) in zip(valid, solved, strict=True)]
+            pins.append((axis, tuple(pos for _, pos in solved)))
+        for g in sel.gates:
+            valid = [v & gl for v, gl in zip(valid, self._per_lane(g), strict=True)]
+        at = _Lanes(self.out.axes, self.out.sizes, pins=tuple(pins), gate=tuple(valid))
+        x = self.value(sel.value, at)
+        return vectorize([v.where(gep(x, (lane,)), sel.alt) for lane, v in enumerate(valid)])
+
+    def _per_lane(self, u: UOp) -> list[UOp]:
+        """AST value `u` (independent of the reduce axes) as one scalar per output lane, lanes that it can't tell
+        apart sharing one node: the loads a selection makes from them then have the same base index and can be
+        merged into vector loads."""
+        read = axes_read(u, self.k)
+        sub = [(a, s) for a, s in zip(self.out.axes, self.out.sizes, strict=True) if a in read]
+        m = math.prod(s for _, s in sub)
+        # above the reduction: the reduce axes (which `u` doesn't read) at 0, never their loop
+        at_zero = tuple((a, (UOp.const(dtypes.int32, 0),) * m) for a in self.k.axes(*REDUCE_TYPES))
+        v = self.value(u, _Lanes(tuple(a for a, _ in sub), tuple(s for _, s in sub), pins=at_zero))
+        out = []
+        for coord in self.out.coords():
+            j = 0
+            for a, s in sub:
+                j = j * s + coord[a]
+            out.append(gep(v, (j,)))
+        return out
+
     def _reduce(self, red: UOp) -> UOp:
+        if (picked := self._select(red)) is not None:
+            return picked
         op = _reduce_alu(red.arg[0], red.dtype)
-        x = self.value(red.src[0], self.full)
+        n_out = self.out.n
+        n_unroll = self.full.n // n_out
+        a, dot = self._acc_layout(n_out, n_unroll)
+        # the dot layout computes the reduced value output-major, so that each vector runs along the unrolled axis
+        full = self.full
+        if dot:
+            n_un = len(self.k.axes(AxisType.UNROLL))
+            full = _Lanes(full.axes[n_un:] + full.axes[:n_un], full.sizes[n_un:] + full.sizes[:n_un])
+        x = self.value(red.src[0], full)
         identity = _identity(red.arg[0], red.dtype)
         if self.k.reduce_mask is not None:
             # padded elements of the reduce axes count as the identity
-            valid = [v for _, v in self.indexed(self.k.reduce_mask, self.full)]
+            valid = [v for _, v in self.indexed(self.k.reduce_mask, full)]
             x = vectorize([v.where(gep(x, (i,)), identity) for i, v in enumerate(valid)])
-        n_out = self.out.n
-        n_unroll = self.full.n // n_out
-        a = self._acc_multiplicity(n_out, n_unroll)
         n_acc = n_out * a
-        slices = [gep(x, range(u * n_acc, (u + 1) * n_acc)) for u in range(n_unroll // a)]
+        slices = [gep(x, _acc_lanes(step, n_out, n_unroll, a, dot)) for step in range(n_unroll // a)]
         if self.reduce_ranges:
             acc = self._acc(red.dtype, n_acc, identity, self.reduce_ranges)
             new = acc
@@ -309,9 +406,7 @@ class _Lowerer:
             val = slices[0]
             for s in slices[1:]:
                 val = val.alu(op, s)
-        res = gep(val, range(n_out))
-        for u in range(1, a):
-            res = res.alu(op, gep(val, range(u * n_out, (u + 1) * n_out)))
+        res = _fold_apart(val, op, n_out, a, dot)
         if self.k.axes(AxisType.GROUP_REDUCE):
             res = self._group_reduce(red, res, op, identity)
         return res
@@ -422,6 +517,35 @@ class _Lowerer:
             index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
             out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
         return out
+
+
+def _acc_lanes(step: int, n_out: int, n_unroll: int, apart: int, dot: bool) -> list[int]:
+    """The lanes of the reduced value that reduction step `step` combines into an accumulator of `n_out` x `apart`
+    lanes, in the accumulator's order: (kept-apart unrolled lane, output) from a value with its unrolled lanes
+    outermost, or in the dot layout (output, kept-apart unrolled lane) from a value with its output lanes outermost."""
+    first = step * apart
+    if dot:
+        return [o * n_unroll + first + u for o in range(n_out) for u in range(apart)]
+    return list(range(first * n_out, (first + apart) * n_out))
+
+
+def _fold_apart(val: UOp, op: Ops, n_out: int, apart: int, dot: bool) -> UOp:
+    """The `n_out` results of an accumulator that keeps `apart` lanes per output (see `_acc_lanes`). The dot layout
+    halves its lanes per output at each step (log2 of `apart` vector ops) rather than one op per kept-apart lane."""
+    if not dot:
+        res = gep(val, range(n_out))
+        for u in range(1, apart):
+            res = res.alu(op, gep(val, range(u * n_out, (u + 1) * n_out)))
+        return res
+    while apart % 2 == 0:
+        half = apart // 2
+        lo = gep(val, [o * apart + u for o in range(n_out) for u in range(half)])
+        val = lo.alu(op, gep(val, [o * apart + half + u for o in range(n_out) for u in range(half)]))
+        apart = half
+    res = gep(val, [o * apart for o in range(n_out)])
+    for u in range(1, apart):
+        res = res.alu(op, gep(val, [o * apart + u for o in range(n_out)]))
+    return res
 
 
 def _butterfly(x: UOp, op: Ops, lanes: int) -> UOp:

@@ -1,7 +1,8 @@
 """`get_program`: a kernel AST in, a `ProgramSpec` (rendered source, linear UOps, launch sizes, cost estimates) out.
 
 The steps: choose opts for the kernel (`heuristic.hand_coded_optimizations` by default, `search.beam_search` with
-`BEAM=n`, none with `NOOPT=1`), lower it (`lowerer.lower`), simplify the lowered graph with the symbolic engine, cut
+`BEAM=n`, none with `NOOPT=1`; reduce axes of one-hot selections kept whole), lower it (`lowerer.lower`, which reads
+a one-hot selection with one load, `selection`), simplify the lowered graph with the symbolic engine, cut
 its vectors to the renderer's width and merge neighbouring memory accesses (`vectors`), linearize
 (`linearizer.linearize`) and render with the device's `Renderer`. `DEBUG>=3` prints the opts each kernel got,
 `DEBUG>=4` the source, `DEBUG>=5` the kernel AST, `DEBUG>=6` the linear UOps.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
 from lazygrad_codegen.lowerer import cleanup_rules, lower
+from lazygrad_codegen.selection import keep_selections_whole
 from lazygrad_codegen.vectors import group_memory, split_rules, vector_rules
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Renderer
@@ -64,17 +66,18 @@ class ProgramSpec:
 
 def optimized_kernel(ast: UOp, renderer: Renderer) -> Kernel:
     """The kernel of `ast` with the opts codegen picks for it: none with NOOPT, a BEAM search with BEAM>=1, else
-    the hand-coded heuristics."""
+    the hand-coded heuristics; either way without the opts that would split the reduce axes of one-hot selections,
+    which lowering reads with a load instead of a loop (`selection.keep_selections_whole`)."""
     k = Kernel(ast, renderer)
     if NOOPT:
         return k
     if BEAM >= 1:
         from lazygrad_codegen.search import beam_search
 
-        return beam_search(k, BEAM.value)
+        return keep_selections_whole(beam_search(k, BEAM.value))
     from lazygrad_codegen.heuristic import hand_coded_optimizations
 
-    return hand_coded_optimizations(k)
+    return keep_selections_whole(hand_coded_optimizations(k))
 
 
 def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> ProgramSpec:
