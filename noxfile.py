@@ -82,7 +82,8 @@ def tests(session: nox.Session) -> None:
     install_packages(session, list(pyprojects()), tested=list(pyprojects()))
     session.install("pytest-xdist", "hypothesis")
     install_torch(session)
-    run_pytest(session, *(str(PACKAGES / f / "tests") for f in pyprojects()), extra=("-n", "auto"))
+    # the slowest tests are listed at the end, to keep an eye on the suite's time
+    run_pytest(session, *(str(PACKAGES / f / "tests") for f in pyprojects()), extra=("-n", "auto", "--durations=25"))
 
 
 def _package_session(folder: str) -> None:
