@@ -2,10 +2,13 @@
 tensors in any combination (PyTorch's rules), and gather, scatter, scatter_reduce, one_hot, masked_select, nonzero.
 
 Basic indices (ints, slices, None) are movement ops. A tensor index selects by comparing it with an arange: a one-hot
-mask, a `where` and a sum over the indexed dimension, which runs on every device with no gather instruction (the cost
-is the product of the index's size and the indexed dimension's). Boolean indices have data-dependent shapes: they are
-turned into integer indices, which reads the mask back to the host (torch synchronizes there too). Integer indices out
-of range are not detected: they select nothing, giving 0.
+mask, a `where` and a sum over the indexed dimension, which runs on every device with no gather instruction. `t[idx]`,
+gather and `nn.Embedding` compare with `kernel_iota`, an arange made of constants and movement ops that the
+kernel computes from its loop index, with the (wrapped) indices stored first (`stored`): codegen then turns a read's
+reduction into one load per output (`lazygrad_codegen.selection`) instead of a loop costing the index's size times the
+indexed dimension's. Boolean indices have data-dependent shapes: they are turned into integer indices, which reads the
+mask back to the host (torch synchronizes there too). Integer indices out of range are not detected: they select
+nothing, giving 0.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lazygrad.movement import always_le, concrete_sizes, show_sizes, symbolic_bounds
-from lazygrad_uop.dtype import dtypes
+from lazygrad_scheduler.kernelize import view_base
+from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -41,6 +45,33 @@ def _slice_length(start: Any, stop: Any, step: int) -> Any:
 
 def _is_int_tensor(t: Tensor) -> bool:
     return dtypes.is_int(t.dtype)
+
+
+def stored(t: Tensor) -> Tensor:
+    """`t` as a buffer read: itself where it is a view of a buffer already, else a stored copy. One-hot lookups
+    store their indices: the scheduler weighs recomputing index math (a cast, negatives wrapped) for every row they are
+    compared with against storing, and would store the whole (indices x rows) mask, a buffer codegen can't see
+    through, so its loop over the rows would stay."""
+    return t if view_base(t.uop).op is Ops.BUFFER else t.contiguous()
+
+
+def kernel_iota(cls: type[Tensor], n: int, dtype: DType, device: str) -> Tensor:
+    """0..n-1 of integer `dtype` built from constants and movement ops only, so that a kernel reading it computes it
+    from its loop index instead of loading a buffer (which `Tensor.arange` is): a comparison with it is a one-hot
+    selection codegen can lower to one load. Bit b of every position is the constant 2**b, padded so that it is there
+    only at the positions that have that bit: log2(n) masked constants, no memory."""
+    bits = (n - 1).bit_length() if n > 1 else 0
+    if bits == 0:
+        return cls.zeros(n, dtype=dtype, device=device)
+    p = 1 << bits
+    out: Tensor | None = None
+    for b in range(bits):
+        # blocks of 2**b positions, alternately without and with bit b
+        bit = cls.full((p >> (b + 1), 1, 1 << b), 1 << b, dtype=dtype, device=device)
+        bit = bit.pad(((0, 0), (1, 0), (0, 0))).reshape(p).shrink(((0, n),))
+        out = bit if out is None else out + bit
+    assert out is not None
+    return out
 
 
 class IndexingMixin:
@@ -244,7 +275,7 @@ class IndexingMixin:
                 stride *= n
             assert flat is not None
             x = self.permute(pos + [i for i in range(self.ndim) if i not in pos]).reshape(m, *rest)
-            out = x._select_rows(flat._broadcast_to(bshape))
+            out = x._select_rows(stored(flat)._broadcast_to(bshape))
         if consecutive and pos[0] > 0:
             nb = len(bshape)
             before = list(range(nb, nb + pos[0]))
@@ -252,10 +283,11 @@ class IndexingMixin:
         return out
 
     def _select_rows(self: Tensor, flat: Tensor) -> Tensor:
-        """Rows self[flat] of a tensor (m, *rest), for an integer tensor `flat` of any shape: flat.shape + rest."""
+        """Rows self[flat] of a tensor (m, *rest), for a stored integer tensor `flat` of any shape (positions in
+        [0, m) select, others give 0): flat.shape + rest."""
         m, rest = self.shape[0], self.shape[1:]
-        arange = type(self).arange(m, dtype=flat.dtype, device=self.device)
-        onehot = flat.reshape(*flat.shape, 1).eq(arange).reshape(*flat.shape, m, *(1,) * len(rest))
+        iota = kernel_iota(type(self), m, flat.dtype, self.device)
+        onehot = flat.reshape(*flat.shape, 1).eq(iota).reshape(*flat.shape, m, *(1,) * len(rest))
         x = self.reshape(*(1,) * flat.ndim, m, *rest)
         return onehot._pick(x, flat.ndim)
 
@@ -355,11 +387,15 @@ class IndexingMixin:
 
     # *** gather and scatter ***
 
-    def _onehot_along(self: Tensor, n: int) -> Tensor:
+    def _onehot_along(self: Tensor, n: int, selecting: bool) -> Tensor:
         """For an integer index tensor: its one-hot mask over `n` positions as a new last dimension (negative
-        indices count from the end)."""
+        indices count from the end). `selecting`: the mask will be reduced over the `n` positions (a read), so it is
+        built for codegen's one-hot selections (stored indices, an arange the kernel computes); a scatter reduces it
+        over the index instead, where loading the arange is cheaper than computing its bits."""
         i = self.cast(_index_dtype(n))
         i = (i < 0).where(i + n, i)
+        if selecting:
+            return stored(i).unsqueeze(-1).eq(kernel_iota(type(self), n, i.dtype, self.device))
         return i.unsqueeze(-1).eq(type(self).arange(n, dtype=i.dtype, device=self.device))
 
     def _check_index_shape(self: Tensor, dim: int, index: Tensor, what: str) -> int:
@@ -384,13 +420,13 @@ class IndexingMixin:
         x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
         # the indexed dimension last, matched against the one-hot mask's last dimension
         x = x.movedim(d, -1).unsqueeze(d)
-        return index._onehot_along(n)._pick(x, -1)
+        return index._onehot_along(n, selecting=True)._pick(x, -1)
 
     def _scatter_parts(self: Tensor, d: int, index: Tensor, src: Any) -> tuple[Tensor, Tensor, Tensor]:
         """The one-hot mask (index shape + N) of where each index element writes, the source values shaped to
         broadcast against it, and the mask moved to this tensor's layout reduced over `d`: where anything writes."""
         n = self.shape[d]
-        hits = index._onehot_along(n)
+        hits = index._onehot_along(n, selecting=False)
         if isinstance(src, type(self)):
             if src.ndim != self.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
                 raise ValueError(f"scatter source of shape {src.shape} is smaller than the index {index.shape}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from lazygrad.indexing import kernel_iota, stored
 from lazygrad.nn import lr_scheduler, optim, state
 from lazygrad.tensor import Tensor
 from lazygrad_uop.dtype import dtypes
@@ -318,9 +319,10 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if dtypes.is_float(idx.dtype):
             raise TypeError(f"Embedding needs integer indices, got {idx.dtype!r}")
-        # a one-hot matmul: differentiable with the primitives autograd knows, and fused into one reduction
-        arange = Tensor.arange(self.vocab_size, device=idx.device, dtype=idx.dtype)
-        one_hot = idx.unsqueeze(-1).eq(arange).cast(self.weight.dtype)
+        # a one-hot matmul: differentiable with the primitives autograd knows, and fused into one reduction, which
+        # codegen lowers to one load per output (the arange is computed in the kernel, the ids are stored first)
+        arange = kernel_iota(Tensor, self.vocab_size, idx.dtype, idx.device)
+        one_hot = stored(idx).unsqueeze(-1).eq(arange).cast(self.weight.dtype)
         return one_hot @ self.weight
 
 
