@@ -98,9 +98,9 @@ class MiniLM:
         self.token_type_embeddings = Tensor.empty(cfg.type_vocab_size, h)
         self.embed_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
         self.layers = [BertLayer(cfg) for _ in range(cfg.num_hidden_layers)]
-        # one JIT per (batch, seq, distinct tokens) shape, as a capture replays only the shapes it was taken with;
-        # the most recent max_jits of them are kept
-        self._jits: dict[tuple[int, int, int], TinyJit] = {}
+        # one JIT per (batch, seq) shape, as a capture replays only the shapes it was taken with; the most recent
+        # max_jits of them are kept
+        self._jits: dict[tuple[int, int], TinyJit] = {}
         self.max_jits = 16
 
     def load_checkpoint(self, checkpoint: dict[str, Tensor]) -> None:
@@ -133,19 +133,16 @@ class MiniLM:
                 state[f"{dst}{ours}.bias"] = checkpoint[f"{src}{theirs}.bias"]
         load_state_dict(self, state)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, vocab_ids: Tensor | None = None) -> Tensor:
-        """The forward pass without the JIT (shapes must be concrete). With `vocab_ids` (n,), `input_ids` are
-        positions in it rather than vocabulary ids: the token at [i, j] is vocab_ids[input_ids[i, j]]."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The forward pass without the JIT (shapes must be concrete)."""
         b, t = input_ids.shape
         if t > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"sequences of {t} tokens are longer than the model's {self.cfg.max_position_embeddings} positions; "
                 "truncate them in the tokenizer"
             )
-        if vocab_ids is None:
-            words = input_ids.embedding(self.word_embeddings)
-        else:
-            words = input_ids.embedding(vocab_ids.embedding(self.word_embeddings))
+        # a row lookup: codegen turns the one-hot selection into one load per element
+        words = input_ids.embedding(self.word_embeddings)
         # single-sentence input: every token is of type 0, and position i is simply row i
         x = self.embed_norm(words + self.position_embeddings[:t] + self.token_type_embeddings[0])
         mask = attention_mask.cast(dtypes.bool)
@@ -167,24 +164,12 @@ class MiniLM:
         ids = input_ids.numpy()
         if ids.size and not (0 <= ids.min() and ids.max() < self.cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got {ids.min()}..{ids.max()}")
-        # A lookup by tensor index costs (tokens x vocabulary x hidden): lazygrad selects rows by comparing with an
-        # arange. Looking up each distinct token once, then picking among those few rows, costs
-        # (distinct x vocabulary x hidden) + (tokens x distinct x hidden): 4-10x less for typical batches.
-        vocab_ids, positions = np.unique(ids, return_inverse=True)
-        # a power of two (at least 32) of distinct ids, so that batches alike share one compiled, jitted pass
-        n = max(32, 1 << (len(vocab_ids) - 1).bit_length())
-        mask = attention_mask.contiguous()
-        if n < ids.size:
-            vocab = Tensor(np.pad(vocab_ids, (0, n - len(vocab_ids))).astype(np.int32))
-            args: tuple[Tensor, ...] = (Tensor(positions.reshape(ids.shape).astype(np.int32)), mask, vocab)
-        else:  # too few tokens for the detour to pay
-            n, args = 0, (input_ids.contiguous(), mask)
-        key = (*ids.shape, n)
+        key = ids.shape
         if key not in self._jits:
             if len(self._jits) >= self.max_jits:  # each capture holds its intermediate buffers: forget the oldest
                 self._jits.pop(next(iter(self._jits)))
             self._jits[key] = TinyJit(lambda *a: self.forward(*a).realize())
-        return self._jits[key](*args)
+        return self._jits[key](input_ids.contiguous(), attention_mask.contiguous())
 
 
 def default_model_dir() -> Path:
