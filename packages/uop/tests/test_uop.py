@@ -70,6 +70,10 @@ def test_same_node_twice_is_the_same_object() -> None:
         ((1, 2), (1.0, 2)),
         ((0.0,), (-0.0,)),
         ((1, 2), namedtuple("P", "a b")(1, 2)),
+        ((1, 1), (1, True)),
+        ((0,), (0.0,)),
+        ((0.0, 1), (-0.0, 1)),
+        (((1, 2),), ((1, 2.0),)),
         ("1", 1),
         (None, 0),
     ],
@@ -194,6 +198,31 @@ def test_toposort_order(nodes: list[UOp]) -> None:
     for u in order:
         assert all(pos[s] < pos[u] for s in u.src)
     assert order[-1] is root
+
+
+def dfs_postorder(root: UOp) -> list[UOp]:
+    """Sources before users, each node's sources visited in order: the order `toposort` promises."""
+    out: list[UOp] = []
+    seen: set[UOp] = set()
+
+    def visit(n: UOp) -> None:
+        if n not in seen:
+            seen.add(n)
+            for s in n.src:
+                visit(s)
+            out.append(n)
+
+    visit(root)
+    return out
+
+
+@given(random_dags(), st.data())
+def test_toposort_is_the_same_with_walks_cached_below(nodes: list[UOp], data: st.DataObject) -> None:
+    # nodes that already know their own walk are reused by the walks above them; the order must not change
+    for i in data.draw(st.lists(st.integers(0, len(nodes) - 1), max_size=6)):
+        _ = nodes[i].toposort
+    assert list(nodes[-1].toposort) == dfs_postorder(nodes[-1])
+    assert list(reversed(nodes[-1].toposort)) == dfs_postorder(nodes[-1])[::-1]
 
 
 @given(random_dags())

@@ -29,7 +29,21 @@ class UPat:
     `allow_any_len` lets a tuple `src` match the first sources of a longer list.
     """
 
-    __slots__ = ("_permute", "_repeat", "allow_any_len", "arg", "dtype", "name", "op", "src")
+    __slots__ = (
+        "_argkey",
+        "_needs",
+        "_ops",
+        "_perms",
+        "_permute",
+        "_repeat",
+        "_single",
+        "allow_any_len",
+        "arg",
+        "dtype",
+        "name",
+        "op",
+        "src",
+    )
 
     def __init__(
         self,
@@ -48,6 +62,23 @@ class UPat:
         self._permute = isinstance(src, list)
         self._repeat = isinstance(src, UPat)
         self.src: tuple[UPat, ...] | None = (src,) if isinstance(src, UPat) else (None if src is None else tuple(src))
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Precompute what matching reads at every node: the ops as a tuple when there are few (`in` then compares
+        identities, where a frozenset hashes the Enum member in Python), the arg's interning key (so 1 doesn't match
+        True, nor 0.0 match -0.0, for value-sensitive rules), and whether the pattern can bind in at most one way (no
+        any-order sources anywhere), which `_match1` handles."""
+        self._ops: tuple[Ops, ...] | frozenset[Ops] | None = (
+            None if self.op is None else tuple(self.op) if len(self.op) <= 4 else self.op
+        )
+        self._argkey = None if self.arg is None else _arg_key(self.arg)
+        self._single: bool = not self._permute and all(p._single for p in self.src or ())
+        self._perms = tuple(itertools.permutations(self.src)) if self._permute and self.src is not None else ()
+        # for any-order sources: the ops (by value) that some source must have, to reject a node before trying orders
+        self._needs = frozenset(
+            next(iter(p.op))._value_ for p in self.src or () if self._permute and p.op is not None and len(p.op) == 1
+        )
 
     @staticmethod
     def var(name: str | None = None, dtype: DType | tuple[DType, ...] | None = None) -> UPat:
@@ -68,6 +99,7 @@ class UPat:
         """This pattern, binding the match to `name`."""
         p = UPat(self.op, self.dtype, None, self.arg, name, self.allow_any_len)
         p.src, p._permute, p._repeat = self.src, self._permute, self._repeat
+        p._prepare()
         return p
 
     def _alu(self, op: Ops, *others: Any, commutative: bool = False) -> UPat:
@@ -113,11 +145,14 @@ class UPat:
 
     def match(self, u: UOp, bound: dict[str, UOp]) -> list[dict[str, UOp]]:
         """Every binding of names under which `u` matches, extending `bound`."""
-        if self.op is not None and u.op not in self.op:
+        if self._single:
+            b = dict(bound)
+            return [b] if self._match1(u, b) else []
+        if self._ops is not None and u.op not in self._ops:
             return []
         if self.dtype is not None and u.dtype not in self.dtype and u.dtype.scalar() not in self.dtype:
             return []
-        if self.arg is not None and not _arg_equal(self.arg, u.arg):
+        if self._argkey is not None and self._argkey != _arg_key(u.arg):
             return []
         if self.name is not None:
             if self.name in bound:
@@ -130,27 +165,61 @@ class UPat:
         if len(u.src) != len(self.src) and not (self.allow_any_len and len(u.src) >= len(self.src)):
             return []
         if self._permute:
+            if self._needs and not self._needs.issubset([s.op._value_ for s in u.src]):
+                return []
             out: list[dict[str, UOp]] = []
-            for perm in itertools.permutations(self.src):
+            for perm in self._perms:
                 # equal sources (x + x) give the same binding from several orders: offer it to the rule once
                 out.extend(b for b in _match_seq(perm, u.src, bound) if b not in out)
             return out
         return _match_seq(self.src, u.src, bound)
+
+    def _match1(self, u: UOp, b: dict[str, UOp]) -> bool:
+        """`match` for a pattern that binds in at most one way: True when `u` matches, with the names bound in `b`
+        (which holds junk after a False). The same checks in the same order as `match`, without its lists."""
+        if self._ops is not None and u.op not in self._ops:
+            return False
+        if self.dtype is not None and u.dtype not in self.dtype and u.dtype.scalar() not in self.dtype:
+            return False
+        if self._argkey is not None and self._argkey != _arg_key(u.arg):
+            return False
+        if (name := self.name) is not None:
+            if name in b:
+                return b[name] is u
+            b[name] = u
+        if (pats := self.src) is None:
+            return True
+        srcs = u.src
+        if self._repeat:
+            p = pats[0]
+            for s in srcs:
+                if not p._match1(s, b):
+                    return False
+            return True
+        if len(srcs) != len(pats) and not (self.allow_any_len and len(srcs) >= len(pats)):
+            return False
+        for p, s in zip(pats, srcs):  # allow_any_len: sources past the patterns are not looked at
+            if not p._match1(s, b):
+                return False
+        return True
 
     def __repr__(self) -> str:
         ops = "any" if self.op is None else "|".join(sorted(o.name for o in self.op))
         return f"UPat({ops}{', name=' + self.name if self.name else ''})"
 
 
-def _arg_equal(want: Any, have: Any) -> bool:
-    # the interning key: 1 must not match True, and 0.0 must not match -0.0 for value-sensitive rules
-    return _arg_key(want) == _arg_key(have)
-
-
 def _match_seq(pats: Sequence[UPat], srcs: tuple[UOp, ...], bound: dict[str, UOp]) -> list[dict[str, UOp]]:
     results = [bound]
     for p, s in zip(pats, srcs, strict=False):  # allow_any_len: sources past the patterns are not looked at
-        results = [b2 for b in results for b2 in p.match(s, b)]
+        if p._single:
+            extended = []
+            for b in results:
+                b2 = dict(b)
+                if p._match1(s, b2):
+                    extended.append(b2)
+            results = extended
+        else:
+            results = [b2 for b in results for b2 in p.match(s, b)]
         if not results:
             break
     return results
@@ -168,18 +237,33 @@ class PatternMatcher:
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = list(rules)
-        self._by_op: dict[Ops, list[tuple[UPat, Callable[..., UOp | None], bool]]] = {op: [] for op in Ops}
+        # indexed by the op's int value, not by the op: hashing an Enum member is a Python-level call on Python 3.11
+        self._by_value: list[list[tuple[UPat, Callable[..., UOp | None], bool]]] = [
+            [] for _ in range(max(op._value_ for op in Ops) + 1)
+        ]
         for pat, fxn in self.rules:
             wants_ctx = "ctx" in inspect.signature(fxn).parameters
+            # the index already picked the op: match a copy that doesn't check it again
+            root = UPat(None, pat.dtype, None, pat.arg, pat.name, pat.allow_any_len)
+            root.src, root._permute, root._repeat = pat.src, pat._permute, pat._repeat
+            root._prepare()
             for op in pat.op if pat.op is not None else Ops:
-                self._by_op[op].append((pat, fxn, wants_ctx))
+                self._by_value[op._value_].append((root, fxn, wants_ctx))
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
         """The result of the first rule that matches `u` and returns something other than None."""
-        for pat, fxn, wants_ctx in self._by_op[u.op]:
+        for pat, fxn, wants_ctx in self._by_value[u.op._value_]:
+            if pat._single:
+                bound: dict[str, UOp] = {}
+                if not pat._match1(u, bound):
+                    continue
+                ret = fxn(ctx=ctx, **bound) if wants_ctx else fxn(**bound)
+                if ret is not None and ret is not u:
+                    return ret
+                continue
             for bound in pat.match(u, {}):
                 ret = fxn(ctx=ctx, **bound) if wants_ctx else fxn(**bound)
                 if ret is not None and ret is not u:
@@ -200,6 +284,7 @@ def graph_rewrite(
     done: dict[UOp, UOp] = {}
     in_progress: set[UOp] = set()
     budget = REWRITE_LIMIT.value
+    rewrite, by_value = pm.rewrite, pm._by_value
     # stack entries: (node, stage, pending) — stage 0: enter, 1: sources done, 2: node became `pending`
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
     while stack:
@@ -210,14 +295,16 @@ def graph_rewrite(
             if node in in_progress:
                 raise RewriteError(f"graph_rewrite{' ' + name if name else ''}: rules rewrite {node.op} in a cycle")
             in_progress.add(node)
-            if not top_down or (new := pm.rewrite(node, ctx)) is None:
+            if not top_down or not by_value[node.op._value_] or (new := rewrite(node, ctx)) is None:
                 stack.append((node, 1, None))
-                stack.extend((s, 0, None) for s in reversed(node.src) if s not in done)
+                stack.extend([(s, 0, None) for s in reversed(node.src) if s not in done])
                 continue
         elif stage == 1:
-            new_src = tuple(done[s] for s in node.src)
-            rebuilt = node if new_src == node.src else node.replace(src=new_src)
-            if (new := pm.rewrite(rebuilt, ctx)) is None:
+            src = node.src
+            new_src = tuple([done[s] for s in src])
+            rebuilt = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)
+            # most nodes have an op no rule is about: skip the call
+            if not by_value[rebuilt.op._value_] or (new := rewrite(rebuilt, ctx)) is None:
                 done[node] = rebuilt
                 in_progress.discard(node)
                 if rebuilt is not node and rebuilt not in done:

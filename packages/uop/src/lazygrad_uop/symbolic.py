@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from typing import Any
 
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat, graph_rewrite
-from lazygrad_uop.uop import UOp, eval_uop
+from lazygrad_uop.uop import UOp, _dtype_range, _int_range, eval_alu, eval_uop
 
 INTS: tuple[DType, ...] = (
     dtypes.int8,
@@ -37,8 +36,6 @@ _INTS_BOOL = (*INTS, dtypes.bool)
 
 # *** canonical order ***
 
-_KEYS: weakref.WeakKeyDictionary[UOp, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-
 
 def order_key(u: UOp) -> tuple[Any, ...]:
     """A total order on nodes that is the same in every run: constants last, then by op, arg, dtype and sources.
@@ -46,27 +43,28 @@ def order_key(u: UOp) -> tuple[Any, ...]:
     Built from reprs and op values, never from object ids, so simplified graphs (and the kernels rendered from
     them) don't change from run to run.
     """
-    if (k := _KEYS.get(u)) is not None:
+    # memoised in the node's own __dict__ (it dies with the node; a WeakKeyDictionary lookup costs a Python call)
+    if (k := u.__dict__.get("_order_key")) is not None:
         return k
     # an explicit stack: deep graphs must not hit Python's recursion limit
     stack = [u]
     while stack:
         n = stack[-1]
-        if n in _KEYS:
+        if "_order_key" in n.__dict__:
             stack.pop()
             continue
-        missing = [s for s in n.src if s not in _KEYS]
+        missing = [s for s in n.src if "_order_key" not in s.__dict__]
         if missing:
             stack.extend(missing)
             continue
         stack.pop()
-        srcs = tuple(_KEYS[s] for s in n.src)
-        _KEYS[n] = (n.op is Ops.CONST, n.op.value, repr(n.arg), n.dtype.priority, n.dtype.count, srcs)
-    return _KEYS[u]
+        srcs = tuple([s.__dict__["_order_key"] for s in n.src])
+        n.__dict__["_order_key"] = (n.op is Ops.CONST, n.op.value, repr(n.arg), n.dtype.priority, n.dtype.count, srcs)
+    return u.__dict__["_order_key"]
 
 
 def _size(u: UOp) -> int:
-    return len(u.toposort)
+    return len(u._below) + 1  # len(u.toposort), without building the view
 
 
 def _no_bigger(new: UOp, old: UOp) -> UOp | None:
@@ -95,7 +93,8 @@ def _fold_constants(x: UOp) -> UOp | None:
         return None
     if x.op is Ops.CAST and dtypes.is_int(x.dtype) and isinstance(vals[0], float) and not math.isfinite(vals[0]):
         return None
-    return x.const_like(eval_uop(x))
+    # what eval_uop(x) computes, in its one step: the sources are constants
+    return x.const_like(eval_alu(x.op, x.dtype, vals))
 
 
 def _fold_bounded(x: UOp) -> UOp | None:
@@ -127,7 +126,7 @@ def _linear(u: UOp, deep: bool) -> Linear:
     """
     coeffs: dict[UOp, int] = {}
     k = 0
-    all_ones = dtypes.as_const(-1, u.dtype)
+    all_ones = _wrap(-1, u.dtype)
     stack: list[tuple[UOp, int, bool]] = [(u, 1, False)]
     while stack:
         n, c, scaled = stack.pop()
@@ -156,17 +155,24 @@ def _interval(coeffs: dict[UOp, int], k: int) -> tuple[int, int]:
 
 def _fits(lo: int, hi: int, dt: DType) -> bool:
     """True when every value in [lo, hi] is representable in `dt`, so arithmetic there doesn't wrap."""
-    return dtypes.min(dt) <= lo and hi <= dtypes.max(dt)
+    r = _dtype_range(dt)
+    return r[0] <= lo and hi <= r[1]
+
+
+def _wrap(v: int, dt: DType) -> int:
+    """`dtypes.as_const(v, dt)` for an int: `v` wrapped to the int dtype `dt`, without the call when it fits."""
+    r = _int_range(dt)
+    return v if r is not None and r[0] <= v <= r[1] else dtypes.as_const(v, dt)  # type: ignore[return-value]
 
 
 def _build_sum(coeffs: dict[UOp, int], k: int, like: UOp) -> UOp:
     """The canonical chain for a linear form, in the dtype of `like` (coefficients wrap as the dtype does)."""
     terms = []
     for b in sorted(coeffs, key=order_key):
-        c = dtypes.as_const(coeffs[b], like.dtype)
+        c = _wrap(coeffs[b], like.dtype)
         if c != 0:
             terms.append(b if c == 1 else b * b.const_like(c))
-    k = dtypes.as_const(k, like.dtype)
+    k = _wrap(k, like.dtype)
     if not terms:
         return like.const_like(k)
     out = functools.reduce(lambda a, t: a + t, terms)
@@ -197,8 +203,9 @@ def _base(t: UOp) -> UOp:
     return co[0] if t.op is Ops.MUL and (co := _const_operand(t)) is not None else t
 
 
-# for a sum already in canonical form: (order_key of its last base, whether it ends in a constant)
-_CANONICAL_SUMS: weakref.WeakKeyDictionary[UOp, tuple[tuple[Any, ...], bool]] = weakref.WeakKeyDictionary()
+# a sum already in canonical form has `_CANONICAL` in its __dict__: (order_key of its last base, whether it ends in a
+# constant)
+_CANONICAL = "_canonical_sum"
 
 
 def _plain_term(t: UOp) -> UOp | None:
@@ -218,13 +225,13 @@ def _is_canonical_sum(x: UOp) -> bool:
     in order, the constant last. A structural fact, cached, so walking a long canonical chain costs O(1) a node."""
     spine = []
     n = x
-    while n.op is Ops.ADD and n not in _CANONICAL_SUMS:
+    while n.op is Ops.ADD and _CANONICAL not in n.__dict__:
         spine.append(n)
         n = n.src[0]
     for n in reversed(spine):
         a, t = n.src
         if a.op is Ops.ADD:
-            if (prev := _CANONICAL_SUMS.get(a)) is None or prev[1]:
+            if (prev := a.__dict__.get(_CANONICAL)) is None or prev[1]:
                 return False
             last = prev[0]
         elif (b0 := _plain_term(a)) is not None:
@@ -234,12 +241,12 @@ def _is_canonical_sum(x: UOp) -> bool:
         if t.op is Ops.CONST:
             if t.arg == 0:
                 return False
-            _CANONICAL_SUMS[n] = (last, True)
+            n.__dict__[_CANONICAL] = (last, True)
             continue
         if (b := _plain_term(t)) is None or not last < order_key(b):
             return False
-        _CANONICAL_SUMS[n] = (order_key(b), False)
-    return x in _CANONICAL_SUMS
+        n.__dict__[_CANONICAL] = (order_key(b), False)
+    return _CANONICAL in x.__dict__
 
 
 def _canonical_add(x: UOp) -> UOp | None:

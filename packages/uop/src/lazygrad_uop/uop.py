@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import struct
 import weakref
-from collections.abc import Callable, Iterator, Set
-from typing import Any, ClassVar, Union
+from _weakref import _remove_dead_weakref
+from collections.abc import Callable, Iterator, Sequence, Set
+from typing import Any, Union
 
 from lazygrad_uop.dtype import ConstType, DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -17,30 +19,96 @@ sint = Union[int, "UOp"]  # a size that may be symbolic
 
 def _arg_key(arg: Any) -> Any:
     """A hashable key that tells apart args Python calls equal: 0.0 and -0.0, 1 and 1.0 and True, every nan."""
+    t = type(arg)
+    # exact types first: this runs for every node built, and most args are None, small ints or tuples of them
+    if t is int or t is bool:
+        return (t, arg)
+    if arg is None or t is str:
+        return arg
+    if t is float:
+        return ("f", struct.pack("<d", arg))
+    if t is tuple:
+        for a in arg:
+            if type(a) is not int:
+                return (tuple, tuple(map(_arg_key, arg)))
+        # ints only (GEP lanes, movement-op shapes): the tuple itself, under a tag no mixed tuple's key has
+        return ("ints", arg)
     if isinstance(arg, float):
         return ("f", struct.pack("<d", arg))
     if isinstance(arg, (bool, int)):
-        return (type(arg), arg)
+        return (t, arg)
     if isinstance(arg, tuple):
-        return (type(arg), tuple(_arg_key(a) for a in arg))
+        return (t, tuple(map(_arg_key, arg)))
     return arg
+
+
+class _InternRef(weakref.ref):
+    """A weak reference to an interned node that remembers the node's interning key, to drop it when the node dies."""
+
+    __slots__ = ("key",)
+
+
+# (op value, dtype, src, arg or its key, arg type) -> weak reference to the live node. A plain dict of weak references
+# rather than a WeakValueDictionary: a lookup is one C-level dict get, and this is the hottest path of the stack
+_INTERNED: dict[tuple, _InternRef] = {}
+
+
+def _forget(
+    ref: _InternRef,
+    interned: dict[tuple, _InternRef] = _INTERNED,
+    remove: Callable[[dict, Any], None] = _remove_dead_weakref,
+) -> None:
+    # the node died. Its key may already hold a newer node of the same fields, which must stay: the stdlib's atomic
+    # helper (what WeakValueDictionary uses) deletes the entry only while it holds a dead reference. Both are bound as
+    # defaults because nodes still die while the interpreter shuts down and clears this module's globals
+    remove(interned, ref.key)
+
+
+def _check_fields(op: Any, src: Any) -> None:
+    if not isinstance(op, Ops):
+        raise TypeError(f"UOp op must be an Ops member, got {op!r}")
+    if type(src) is not tuple:
+        raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
+    for s in src:
+        if not isinstance(s, UOp):
+            raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
+
+
+# arg types whose equality already tells apart what interning must: with the arg's type in the key, 1 and True stay
+# apart; floats (0.0 == -0.0, nan != nan) and containers need `_arg_key`
+_PLAIN_ARGS = frozenset({int, bool, str, type(None)})
 
 
 class _UOpInterner(type):
     """Builds each distinct (op, dtype, src, arg) once; while a node is alive, building it again returns it."""
 
-    cache: ClassVar[weakref.WeakValueDictionary[tuple, UOp]] = weakref.WeakValueDictionary()
-
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        if not isinstance(op, Ops):
-            raise TypeError(f"UOp op must be an Ops member, got {op!r}")
-        if not isinstance(src, tuple) or not all(isinstance(s, UOp) for s in src):
-            raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
-        key = (op, dtype, src, _arg_key(arg))
-        if (found := _UOpInterner.cache.get(key)) is not None:
+        if type(op) is not Ops:
+            _check_fields(op, src)
+        t = type(arg)
+        # the op by its int value: hashing the Enum member itself is a Python-level call on Python 3.11
+        key = (op._value_, dtype, src, arg if t in _PLAIN_ARGS else _arg_key(arg), t)
+        try:
+            ref = _INTERNED.get(key)
+        except TypeError:  # an unhashable src: say what is wrong with it
+            _check_fields(op, src)
+            raise
+        if ref is not None and (found := ref()) is not None:
             return found
-        node = super().__call__(op, dtype, src, arg)
-        _UOpInterner.cache[key] = node
+        # only a new node has its sources checked: a key with a bad src can't be found among nodes that passed
+        if type(src) is not tuple:
+            _check_fields(op, src)
+        for s in src:
+            if not isinstance(s, UOp):
+                _check_fields(op, src)
+        node = object.__new__(cls)
+        _set_op(node, op)
+        _set_dtype(node, dtype)
+        _set_src(node, src)
+        _set_arg(node, arg)
+        ref = _InternRef(node, _forget)
+        ref.key = key
+        _INTERNED[key] = ref
         return node
 
 
@@ -56,13 +124,12 @@ class Toposort(Set["UOp"]):
     def __contains__(self, node: object) -> bool:
         return node is self._root or node in self._below
 
+    # C-level chains rather than generators: every pass over a graph iterates one of these
     def __iter__(self) -> Iterator[UOp]:
-        yield from self._below
-        yield self._root
+        return itertools.chain(self._below, (self._root,))
 
     def __reversed__(self) -> Iterator[UOp]:
-        yield self._root
-        yield from reversed(self._below)
+        return itertools.chain((self._root,), reversed(self._below))
 
     def __len__(self) -> int:
         return len(self._below) + 1
@@ -72,12 +139,10 @@ class UOp(metaclass=_UOpInterner):
     """One node `(op, dtype, src, arg)`. Identical nodes are the same object: compare and hash by identity."""
 
     __slots__ = ("__dict__", "__weakref__", "arg", "dtype", "op", "src")
-
-    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> None:
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "src", src)
-        object.__setattr__(self, "arg", arg)
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("op", "dtype", "src", "arg"):
@@ -96,32 +161,42 @@ class UOp(metaclass=_UOpInterner):
 
     def replace(self, **kwargs: Any) -> UOp:
         """This node with some of op, dtype, src, arg changed (the same object when nothing changes)."""
-        unknown = set(kwargs) - {"op", "dtype", "src", "arg"}
-        if unknown:
+        if unknown := kwargs.keys() - _FIELDS:
             raise TypeError(f"UOp.replace got unknown fields {sorted(unknown)}")
-        new = (
+        return UOp(
             kwargs.get("op", self.op),
             kwargs.get("dtype", self.dtype),
             kwargs.get("src", self.src),
             kwargs.get("arg", self.arg),
         )
-        return UOp(*new)
 
     @functools.cached_property
     def _below(self) -> dict[UOp, None]:
         # every node under this one, sources first, without this one: caching a dict that held the node itself
         # would make a reference cycle, so a node (and a buffer it keeps alive) would wait for the cycle collector
+        # depth first with a stack of source iterators: `nodes[i]` is the node whose sources `iters[i + 1]` walks
         order: dict[UOp, None] = {}
-        stack: list[tuple[UOp, bool]] = [(s, False) for s in reversed(self.src)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in order:
-                continue
-            if expanded:
-                order[node] = None
+        iters = [iter(self.src)]
+        nodes: list[UOp] = []
+        while iters:
+            for s in iters[-1]:
+                if s in order:
+                    continue
+                if not s.src:
+                    order[s] = None
+                elif (below := s.__dict__.get("_below")) is not None:
+                    # a node that already knows its walk: its nodes not yet here, in its order, are exactly what
+                    # walking it would add (what is already here came with all of its own sources)
+                    order.update(below)
+                    order[s] = None
+                else:
+                    nodes.append(s)
+                    iters.append(iter(s.src))
+                    break
             else:
-                stack.append((node, True))
-                stack.extend((s, False) for s in reversed(node.src) if s not in order)
+                iters.pop()
+                if nodes:
+                    order[nodes.pop()] = None
         return order
 
     @property
@@ -143,15 +218,17 @@ class UOp(metaclass=_UOpInterner):
         All at once: a value is not searched for keys, so `{x: x + 1}` and swaps `{a: b, b: a}` are fine.
         """
         # not a graph_rewrite: that rewrites what a rule returns again, which would loop on {x: x + 1}
-        out: dict[UOp, UOp] = {}
+        # `changed` holds only the nodes that change, so an untouched subgraph is kept as it is, without rebuilding
+        # (and re-interning) its nodes, at the cost of one C-level disjointness test a node
+        changed: dict[UOp, UOp] = {}
+        changed_nodes = changed.keys()  # a live view: sees what the loop adds
         for n in self.toposort:
             if n in mapping:
-                out[n] = mapping[n]
-                continue
-            src = tuple(out[s] for s in n.src)
-            # an untouched subgraph is kept as it is, without rebuilding (and re-interning) its nodes
-            out[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
-        return out[self]
+                if mapping[n] is not n:
+                    changed[n] = mapping[n]
+            elif n.src and not changed_nodes.isdisjoint(n.src):
+                changed[n] = UOp(n.op, n.dtype, tuple([changed.get(s, s) for s in n.src]), n.arg)
+        return changed.get(self, self)
 
     def __iter__(self) -> Iterator[UOp]:
         raise TypeError("UOp is not iterable; use .src or .toposort")
@@ -169,11 +246,16 @@ class UOp(metaclass=_UOpInterner):
     @staticmethod
     def const(dtype: DType, value: ConstType) -> UOp:
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
+        # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
+        if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
+            return UOp(Ops.CONST, dtype, (), value)
+        if type(value) is bool and dtype is dtypes.bool:
+            return UOp(Ops.CONST, dtype, (), value)
         if isinstance(value, UOp):
             raise TypeError("UOp.const takes a Python value, got a UOp")
         if dtype.count > 1:
             return UOp(Ops.VECTORIZE, dtype, (UOp.const(dtype.scalar(), value),) * dtype.count)
-        return UOp(Ops.CONST, dtype, arg=dtypes.as_const(value, dtype))
+        return UOp(Ops.CONST, dtype, (), dtypes.as_const(value, dtype))
 
     def const_like(self, value: ConstType) -> UOp:
         """A constant with this node's dtype."""
@@ -223,11 +305,7 @@ class UOp(metaclass=_UOpInterner):
     def alu(self, op: Ops, *src: UOp) -> UOp:
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
-        out = (
-            dtypes.bool.vec(self.dtype.count)
-            if op in GroupOp.Comparison
-            else operands[-1 if op is Ops.WHERE else 0].dtype
-        )
+        out = dtypes.bool.vec(self.dtype.count) if op in _COMPARISONS else operands[-1 if op is Ops.WHERE else 0].dtype
         return UOp(op, out, operands)
 
     def ufix(self, x: Any) -> UOp:
@@ -365,10 +443,9 @@ class UOp(metaclass=_UOpInterner):
             else:
                 stack.pop()._min_max  # noqa: B018 - computed for its cache
         lo, hi = _bounds(self)
-        dt = self.dtype.scalar()
-        if dtypes.is_int(dt) and (lo < dtypes.min(dt) or hi > dtypes.max(dt)):
+        if (r := _int_range(self.dtype.scalar())) is not None and (lo < r[0] or hi > r[1]):
             # the value wraps around the dtype's range, so a bound outside it says nothing
-            return dtypes.min(dt), dtypes.max(dt)
+            return r
         return lo, hi
 
     @property
@@ -399,6 +476,34 @@ class UOp(metaclass=_UOpInterner):
         return render_expr(self)
 
 
+# the interner fills a new node's fields through their slot descriptors, past UOp.__setattr__'s immutability guard
+_set_op, _set_dtype, _set_src, _set_arg = (UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg"))
+_FIELDS = frozenset({"op", "dtype", "src", "arg"})
+# a tuple, not GroupOp's frozenset: `in` on two members compares identities, where a set would hash the Enum member
+# in Python
+_COMPARISONS = tuple(GroupOp.Comparison)
+_RANGES: dict[DType, tuple[ConstType, ConstType]] = {}
+
+
+def _dtype_range(dt: DType) -> tuple[ConstType, ConstType]:
+    """(dtypes.min, dtypes.max) of a scalar dtype, memoised: bounds ask for it at every node."""
+    if (r := _RANGES.get(dt)) is None:
+        r = _RANGES[dt] = (dtypes.min(dt), dtypes.max(dt))
+    return r
+
+
+_INT_RANGES: dict[DType, tuple[int, int] | None] = {}
+
+
+def _int_range(dt: DType) -> tuple[int, int] | None:
+    """The range of a scalar integer dtype, None for any other dtype (memoised)."""
+    try:
+        return _INT_RANGES[dt]
+    except KeyError:
+        r = _INT_RANGES[dt] = _dtype_range(dt) if dt.count == 1 and dtypes.is_int(dt) else None  # type: ignore[assignment]
+        return r
+
+
 # *** bounds ***
 
 
@@ -420,7 +525,7 @@ def _cmod(a: int, b: int) -> int:
 
 def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
     dt = u.dtype.scalar()
-    full = (dtypes.min(dt), dtypes.max(dt))
+    full = _dtype_range(dt)
     if u.op is Ops.CONST:
         return u.arg, u.arg
     if u.op is Ops.DEFINE_VAR:
@@ -439,7 +544,9 @@ def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
     if u.op is Ops.ADD:
         return s0.vmin + u.src[1].vmin, s0.vmax + u.src[1].vmax
     if u.op is Ops.MUL:
-        return _corners(lambda x, y: x * y, s0, u.src[1])
+        a0, a1, b0, b1 = s0.vmin, s0.vmax, u.src[1].vmin, u.src[1].vmax
+        vals = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+        return min(vals), max(vals)
     if u.op is Ops.MAX:
         return max(s0.vmin, u.src[1].vmin), max(s0.vmax, u.src[1].vmax)
     if u.op is Ops.NEG:
@@ -514,11 +621,17 @@ def eval_uop(u: UOp, env: dict[UOp, int] | None = None) -> ConstType:
         elif n.op is Ops.BIND:
             vals[n] = s[1]
         elif n.op in _EVAL:
-            v = _EVAL[n.op](*s)
-            vals[n] = dtypes.as_const(v, n.dtype) if n.dtype.count == 1 and n.dtype != dtypes.void else v
+            vals[n] = eval_alu(n.op, n.dtype, s)
         else:
             raise NotImplementedError(f"eval_uop has no meaning for {n.op}")
     return vals[u]
+
+
+def eval_alu(op: Ops, dtype: DType, operands: Sequence[Any]) -> ConstType:
+    """ALU op `op` on Python values as a node of `dtype` computes it: C semantics for // and %, the result wrapped
+    (ints) or rounded (floats) to a scalar `dtype`. One step of `eval_uop`."""
+    v = _EVAL[op](*operands)
+    return dtypes.as_const(v, dtype) if dtype.count == 1 and dtype != dtypes.void else v
 
 
 def _trunc(x: float) -> float:

@@ -14,6 +14,7 @@ and the merging rules that need exact arithmetic decline them by returning None,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -239,28 +240,7 @@ class View:
     def to_indexed_uops(self, idxs: Sequence[UOp], valid: UOp | None = None) -> tuple[UOp, UOp]:
         """The buffer index of the element at coordinates `idxs`, and whether it is valid (ANDed onto `valid`)."""
         _check_arity(idxs, self.shape, "to_indexed_uops idxs")
-        dt = idxs[0].dtype if idxs else dtypes.int32
-        if self.empty:
-            return UOp.const(dt, 0), UOp.const(dtypes.bool, False)
-        idx: UOp | None = None
-        for i, st in zip(idxs, self.strides, strict=True):
-            if _is(st, 0):
-                continue
-            term = i if _is(st, 1) else i * st
-            idx = term if idx is None else idx + term
-        if idx is None:
-            idx = UOp.const(dt, self.offset) if isinstance(self.offset, int) else self.offset
-        elif not _is(self.offset, 0):
-            idx = idx + self.offset
-        if self.mask is not None:
-            for i, s, (b, e) in zip(idxs, self.shape, self.mask, strict=True):
-                if not _is(b, 0):
-                    cond = i > b - 1 if isinstance(b, int) else i >= b
-                    valid = cond if valid is None else valid & cond
-                if not _same(e, s):
-                    cond = i < e
-                    valid = cond if valid is None else valid & cond
-        return idx, UOp.const(dtypes.bool, True) if valid is None else valid
+        return _view_indexed(self, tuple(idxs), valid)
 
     # *** movement ops ***
 
@@ -473,6 +453,37 @@ class View:
         if outer.empty or self.empty:
             return View.create(outer.shape, mask=((0, 0),) * len(outer.shape)) if outer.shape else None
         return _merge_views(self, outer)
+
+
+# An index expression is a pure function of a (hashable, immutable) view and interned index nodes, and codegen asks
+# for the same ones again and again: per lane of a kernel (the views under a tracker's last one see the same
+# unravelled coordinates), and for kernels that share a shape. About half the calls of a ResNet training step hit.
+# Bounded, and what it keeps alive is index arithmetic, never a buffer.
+@functools.lru_cache(maxsize=1 << 12)
+def _view_indexed(view: View, idxs: tuple[UOp, ...], valid: UOp | None) -> tuple[UOp, UOp]:
+    """`View.to_indexed_uops`, for arity-checked `idxs`."""
+    dt = idxs[0].dtype if idxs else dtypes.int32
+    if view.empty:
+        return UOp.const(dt, 0), UOp.const(dtypes.bool, False)
+    idx: UOp | None = None
+    for i, st in zip(idxs, view.strides, strict=True):
+        if _is(st, 0):
+            continue
+        term = i if _is(st, 1) else i * st
+        idx = term if idx is None else idx + term
+    if idx is None:
+        idx = UOp.const(dt, view.offset) if isinstance(view.offset, int) else view.offset
+    elif not _is(view.offset, 0):
+        idx = idx + view.offset
+    if view.mask is not None:
+        for i, s, (b, e) in zip(idxs, view.shape, view.mask, strict=True):
+            if not _is(b, 0):
+                cond = i > b - 1 if isinstance(b, int) else i >= b
+                valid = cond if valid is None else valid & cond
+            if not _same(e, s):
+                cond = i < e
+                valid = cond if valid is None else valid & cond
+    return idx, UOp.const(dtypes.bool, True) if valid is None else valid
 
 
 def _merge_dims(dims: list[tuple[int, int, tuple[int, int]]]) -> tuple[int, int, tuple[int, int] | None] | None:
