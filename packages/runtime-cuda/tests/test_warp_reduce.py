@@ -12,29 +12,14 @@ import pytest
 from cuda_helpers import compile_everywhere, glob, linear, special, store
 
 from lazygrad_codegen import Opt, OptOps, get_program
+from lazygrad_codegen.kernel_ast import row_reduce
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
-from lazygrad_uop.views import ShapeTracker
 
 R = CUDARenderer("sm_80")
 RNG = np.random.default_rng(9)
-
-
-def reduce_ast(kind: str, dtype: DType, rows: int, n: int) -> UOp:
-    """out[r] = sum / max / min of x[r, :] over a (rows, n) input; output slot 0, input slot 1."""
-    view = UOp(Ops.VIEW, arg=ShapeTracker.from_shape((rows, n)))
-    x = UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows * n), arg=1), view))
-    if kind == "sum":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.ADD, (1,)))
-    elif kind == "max":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.MAX, (1,)))
-    else:
-        value = -UOp(Ops.REDUCE_AXIS, dtype, (-x,), (Ops.MAX, (1,)))
-    out = UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows), arg=0)
-    out_view = UOp(Ops.VIEW, arg=ShapeTracker.from_shape((rows, 1)))
-    return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, out_view, value)),))
 
 
 def run_on_python(spec, rows: int, x: np.ndarray) -> np.ndarray:
@@ -76,7 +61,7 @@ def test_warp_reductions_compile_and_compute(rows: int, n: int, opts, shared: bo
     sources = []
     for kind in ("sum", "max", "min"):
         for dtype in (dtypes.float32, dtypes.int32, dtypes.float16):
-            spec = get_program(reduce_ast(kind, dtype, rows, n), R, opts)
+            spec = get_program(row_reduce(kind, dtype, rows, n), R, opts)
             assert "__shfl_xor_sync(0xffffffffu, " in spec.src
             assert ("__shared__" in spec.src) is shared and ("__syncthreads" in spec.src) is shared
             x = data(dtype, (rows, n))

@@ -11,11 +11,11 @@ import pytest
 from msl_check import check_msl, cxx
 
 from lazygrad_codegen import Opt, OptOps, get_program
+from lazygrad_codegen.kernel_ast import row_reduce
 from lazygrad_metal.renderer import SIMD_WIDTH, MetalRenderer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
-from lazygrad_uop.views import ShapeTracker
 
 RNG = np.random.default_rng(13)
 
@@ -26,21 +26,6 @@ def msl(tmp_path: Path):
     if cxx() is None:
         pytest.skip("no C++ compiler (c++) on PATH to check the MSL with")
     return lambda *sources: check_msl(list(sources), tmp_path)
-
-
-def reduce_ast(kind: str, dtype: DType, rows: int, n: int) -> UOp:
-    """out[r] = sum / max / min of x[r, :] over a (rows, n) input; output slot 0, input slot 1."""
-    view = UOp(Ops.VIEW, arg=ShapeTracker.from_shape((rows, n)))
-    x = UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows * n), arg=1), view))
-    if kind == "sum":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.ADD, (1,)))
-    elif kind == "max":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.MAX, (1,)))
-    else:
-        value = -UOp(Ops.REDUCE_AXIS, dtype, (-x,), (Ops.MAX, (1,)))
-    out = UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows), arg=0)
-    out_view = UOp(Ops.VIEW, arg=ShapeTracker.from_shape((rows, 1)))
-    return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, out_view, value)),))
 
 
 def run_python(uops: list[UOp], out: np.ndarray, *ins: np.ndarray, global_size=(1, 1, 1), local_size=(1, 1, 1)):
@@ -81,7 +66,7 @@ def test_simd_reductions_check_and_compute(rows: int, n: int, opts, shared: bool
     sources = []
     for kind in ("sum", "max", "min"):
         for dtype in (dtypes.float32, dtypes.int32, dtypes.float16):
-            spec = get_program(reduce_ast(kind, dtype, rows, n), MetalRenderer(), opts)
+            spec = get_program(row_reduce(kind, dtype, rows, n), MetalRenderer(), opts)
             assert "simd_shuffle_xor(" in spec.src
             assert ("threadgroup_barrier" in spec.src) is shared
             x = data(dtype, (rows, n))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pyinterp_helpers import end, glob, index, load, program, run, store
 
+from lazygrad_codegen.kernel_ast import row_reduce
 from lazygrad_python import InterpreterError, PythonCompiler, PythonProgram, PythonRenderer
 from lazygrad_python.device import GPUTarget
 from lazygrad_uop import DType, Ops, UOp, dtypes
@@ -106,19 +107,6 @@ def st(*shape: int):
     return views.ShapeTracker.from_shape(shape)
 
 
-def reduce_ast(kind: str, dtype: DType, rows: int, n: int) -> UOp:
-    """out[r] = sum / max / min of x[r, :] over a (rows, n) input; output slot 0, input slot 1."""
-    x = UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows * n), arg=1), UOp(Ops.VIEW, arg=st(rows, n))))
-    if kind == "sum":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.ADD, (1,)))
-    elif kind == "max":
-        value = UOp(Ops.REDUCE_AXIS, dtype, (x,), (Ops.MAX, (1,)))
-    else:
-        value = -UOp(Ops.REDUCE_AXIS, dtype, (-x,), (Ops.MAX, (1,)))
-    out = UOp(Ops.DEFINE_GLOBAL, dtype.ptr(rows), arg=0)
-    return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, UOp(Ops.VIEW, arg=st(rows, 1)), value)),))
-
-
 def data(dtype: DType, shape: tuple[int, int]) -> np.ndarray:
     """Values whose sums are exact in `dtype` whatever the order of the additions, so any correct reduction gives
     numpy's result exactly: integers, and floats on a coarse grid (eighths for float16, whose partial sums stay
@@ -138,7 +126,7 @@ def reference(kind: str, x: np.ndarray) -> np.ndarray:
 
 def run_reduce(kind: str, dtype: DType, rows: int, n: int, opts: list | None, target: GPUTarget = WARP):
     """Compile the reduction for a PYTHON GPU target, run it, and return (result, reference, program spec)."""
-    spec = codegen.get_program(reduce_ast(kind, dtype, rows, n), PythonRenderer(target), opts)
+    spec = codegen.get_program(row_reduce(kind, dtype, rows, n), PythonRenderer(target), opts)
     prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
     x = data(dtype, (rows, n))
     (res, _) = run(prg, np.zeros(rows, x.dtype), x.ravel(), global_size=spec.global_size, local_size=spec.local_size)
@@ -197,7 +185,7 @@ def test_padded_max_and_min_with_chosen_opts(kind: str, target: GPUTarget) -> No
     # negative data: padding read as 0 would win a max; positive: it would win a min
     for sign in (-1, 1):
         spec = codegen.get_program(
-            reduce_ast(kind, dtypes.float32, 3, 50),
+            row_reduce(kind, dtypes.float32, 3, 50),
             PythonRenderer(target),
             [Opt(OptOps.PADTO, 1, 16), Opt(OptOps.GROUP, 0, 16), Opt(OptOps.LOCAL, 0, 3)],
         )

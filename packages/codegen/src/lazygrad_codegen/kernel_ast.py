@@ -59,3 +59,16 @@ def reduce(x: UOp, op: Ops, axes: tuple[int, ...]) -> UOp:
 def sink(*stores: UOp) -> UOp:
     """The kernel: every store it makes."""
     return UOp(Ops.SINK, dtypes.void, stores)
+
+
+def row_reduce(kind: str, dtype: DType, rows: int, n: int) -> UOp:
+    """The kernel `out[r] = sum / max / min of x[r, :]` of a (rows, n) input: output slot 0, input slot 1 (min as
+    -max(-x), the form the frontend gives it)."""
+    x = load(1, dtype, st(rows, n))
+    if kind not in ("sum", "max", "min"):
+        raise ValueError(f"row_reduce kind must be sum, max or min, got {kind!r}")
+    if kind == "min":
+        value = -reduce(-x, Ops.MAX, (1,))
+    else:
+        value = reduce(x, Ops.ADD if kind == "sum" else Ops.MAX, (1,))
+    return sink(store(0, value, st(rows, 1)))
