@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from cuda_helpers import (
+    SCALARS,
     compile_everywhere,
     const,
     glob,
@@ -27,21 +28,6 @@ from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp
 
 R = CUDARenderer("sm_80")
-SCALARS = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-    dtypes.float16,
-    dtypes.bfloat16,
-    dtypes.float32,
-    dtypes.float64,
-]
 
 
 def test_shared_memory_vectors_barrier_and_if(tmp_path: Path) -> None:

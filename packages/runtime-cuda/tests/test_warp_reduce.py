@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_helpers import compile_everywhere, glob, linear, special, store
+from cuda_helpers import SCALARS, compile_everywhere, glob, linear, special, store
 
 from lazygrad_codegen import Opt, OptOps, get_program
 from lazygrad_codegen.kernel_ast import row_reduce
@@ -89,24 +89,7 @@ def _merge(sources: list[str]) -> str:
     return "\n".join(includes + [ln for ln in lines if not ln.startswith("#include")])
 
 
-SHUFFLED = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-    dtypes.float16,
-    dtypes.bfloat16,
-    dtypes.float32,
-    dtypes.float64,
-]
-
-
-@pytest.mark.parametrize("dtype", SHUFFLED, ids=str)
+@pytest.mark.parametrize("dtype", SCALARS, ids=str)
 def test_every_dtype_shuffles(dtype: DType, tmp_path: Path) -> None:
     # types __shfl_xor_sync has no overload for travel as int; the value comes back unchanged
     inp, out = glob(1, dtype, 32), glob(0, dtype, 32)
