@@ -326,8 +326,9 @@ class TinyJit(Generic[R]):
             assert self.captured is not None
             self.captured(bufs, var_vals)
             ret = self.captured.ret
-            for t in _flat_tensors(ret):
-                _rebind(t, var_vals)
+            if var_vals:  # only a capture with variables can have results of symbolic shape
+                for t in _flat_tensors(ret):
+                    _rebind(t, var_vals)
         self.cnt += 1
         return ret
 
