@@ -23,6 +23,8 @@ does not fit are left to the general heuristics.
 
 from __future__ import annotations
 
+import math
+
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
 from lazygrad_codegen.staging import staged_loads
 from lazygrad_uop.ops import Ops
@@ -34,7 +36,7 @@ FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (
 """FMA units: the same for a kernel without tensor cores."""
 
 MIN_SIZE = 16
-"""M, N and the reduction must each be at least this long for a staged tile to pay."""
+"""M, N and the reduction (the product of their axes) must each be at least this long for a staged tile to pay."""
 
 
 def _varies(st: ShapeTracker, axis: int) -> bool:
@@ -77,6 +79,22 @@ def _axis(k: Kernel, which: str) -> tuple[OptOps, int] | None:
     return (OptOps.UPCAST if which in ("M", "N") else OptOps.LOCAL), found[-1]
 
 
+def _extent(k: Kernel, which: str) -> int:
+    """The product of the sizes of all axes of kind `which` (M: GLOBAL axes only A reads, N: only B, K: REDUCE axes
+    both read), 0 when there is none or one is symbolic."""
+    ops = _operands(k)
+    if ops is None:
+        return 0
+    a, b = ops
+    if which == "K":
+        axes = [ax for ax in k.axes(AxisType.REDUCE) if _varies(a, ax) and _varies(b, ax)]
+    else:
+        reads, other = (a, b) if which == "M" else (b, a)
+        axes = [ax for ax in k.axes(AxisType.GLOBAL) if _varies(reads, ax) and not _varies(other, ax)]
+    sizes = [k.full_shape[ax] for ax in axes]
+    return math.prod(sizes) if axes and all(isinstance(s, int) for s in sizes) else 0  # type: ignore[misc]
+
+
 def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
     for amount in amounts:
         where = _axis(k, which)
@@ -95,11 +113,8 @@ def staged_matmul(k: Kernel) -> bool:
     r = k.renderer
     if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
         return False
-    for which in ("M", "N", "K"):
-        where = _axis(k, which)
-        axes = k.axes(AxisType.REDUCE if which == "K" else AxisType.GLOBAL)
-        if where is None or not isinstance(size := k.full_shape[axes[where[1]]], int) or size < MIN_SIZE:
-            return False
+    if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
+        return False
     trial = k.copy()
     tiles = FMA_TILES
     if r.tensor_cores:
