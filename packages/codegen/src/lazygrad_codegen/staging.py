@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
+from lazygrad_codegen.vectors import gep, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -50,7 +51,8 @@ PAD_FROM_BYTES = 64
 class StagedOperand:
     """How one operand (a LOAD of the kernel AST) is staged: its tile axes in the order the copy walks them
     (outermost first), the stride of each of them in the local buffer, the elements of the tile, of one buffer slot
-    (with padding) and of one copy (`vector`), and how many slots (2 when the reduction is a loop)."""
+    (with padding) and of one copy from global memory (`vector`), whether a copy is one vector store into the buffer
+    too (`store_vector`; else one store per element), and how many slots (2 when the reduction is a loop)."""
 
     load: UOp
     copy_order: tuple[int, ...]
@@ -58,6 +60,7 @@ class StagedOperand:
     tile: int
     slot: int
     vector: int
+    store_vector: bool
     slots: int
 
     @property
@@ -144,13 +147,12 @@ def plan(k: Kernel) -> list[StagedOperand]:
         slot = stride if axes else 1
         vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
         # one vector store needs the copy's elements to be neighbours in the buffer, at an aligned index
-        if (
-            local.get(copy[-1] if copy else -1) != 1
-            or any(s % vector for a, s in local.items() if a != copy[-1])
-            or slot % vector
-        ):
-            vector = 1
-        out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, slots))
+        store_vector = vector > 1 and (
+            local.get(copy[-1]) == 1
+            and not any(s % vector for a, s in local.items() if a != copy[-1])
+            and slot % vector == 0
+        )
+        out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
     return out
 
 
@@ -254,8 +256,14 @@ class Stager:
                 for a, c in coords.items():
                     lidx = lidx + c * local[a]
                 gate = (e < copies,) if copies % n_threads else ()
-                # a vector's elements are neighbours in local memory too (`plan` checks it)
-                stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), value, *gate)))
+                if o.vector == 1 or o.store_vector:
+                    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), value, *gate)))
+                    continue
+                # the buffer's layout scatters the vector's elements (an FMA kernel's transposed tile)
+                step = local[o.copy_order[-1]]
+                for lane in range(o.vector):
+                    index = UOp(Ops.INDEX, buf.dtype, (buf, lidx + lane * step))
+                    stores.append(UOp(Ops.STORE, dtypes.void, (index, gep(value, (lane,)), *gate)))
         return UOp(Ops.BARRIER, dtypes.void, tuple(stores))
 
     def staged(self, load: UOp) -> bool:
@@ -264,7 +272,6 @@ class Stager:
 
     def read(self, load: UOp, lanes: _Lanes) -> UOp:
         """The staged operand `load` in the lane context `lanes`: one read of local memory per lane."""
-        from lazygrad_codegen.vectors import vectorize
 
         if self.barrier is None:
             self.barrier = self._build()
