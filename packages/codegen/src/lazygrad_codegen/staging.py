@@ -69,13 +69,19 @@ class StagedOperand:
         return self.slot * self.slots * self.load.dtype.itemsize
 
 
+def _under_casts(u: UOp) -> UOp:
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u
+
+
 def staged_loads(k: Kernel) -> list[UOp]:
     """The loads a STAGE opt copies through local memory: the tensor core's operands, or (FMA) every load below the
     reduction whose value changes along a reduce axis."""
     from lazygrad_codegen.selection import axes_read
 
     if k.tc_operands is not None:
-        return [u.src[0] if u.op is Ops.CAST else u for u in k.tc_operands]
+        return [_under_casts(u) for u in k.tc_operands]
     reduce_axes = set(k.axes(*REDUCE_TYPES))
     return [ld for ld, _ in k.loads() if ld.src[1] in k.full_views and axes_read(ld, k) & reduce_axes]
 

@@ -28,6 +28,7 @@ import math
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
 from lazygrad_codegen.staging import staged_loads
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
 TC_TILES = (("M", (4, 2)), ("N", (4, 2)), ("LM", (2,)), ("LN", (4, 2)), ("K", (2,)))
@@ -44,67 +45,58 @@ def _varies(st: ShapeTracker, axis: int) -> bool:
     return not (isinstance(s, int) and s == 0)
 
 
+def _source_load(u: UOp) -> UOp:
+    """The node under any chain of CASTs (the frontend reads an fp16 gradient as CAST(half, CAST(float, LOAD)))."""
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u
+
+
 def _operands(k: Kernel) -> tuple[ShapeTracker, ShapeTracker] | None:
     """The views of A and B of a matmul-like kernel (see the module docstring), or None when it isn't one."""
     reduces = k.reduceops
     if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD:
         return None
-    x = reduces[0].src[0]
-    if x.op is Ops.CAST:
-        x = x.src[0]
+    x = _source_load(reduces[0].src[0])
     if x.op is not Ops.MUL:
         return None
-    loads = [s.src[0] if s.op is Ops.CAST else s for s in x.src]
+    loads = [_source_load(s) for s in x.src]
     if any(ld.op is not Ops.LOAD for ld in loads):
         return None
     return k.views[loads[0].src[1]], k.views[loads[1].src[1]]
 
 
-def _axis(k: Kernel, which: str) -> tuple[OptOps, int] | None:
-    """The opt and axis argument that split the M, N (register tile: UPCAST; warps: LOCAL) or K (UNROLL) axis, taking
-    the innermost GLOBAL axis that only A (M) or only B (N) reads, the innermost REDUCE axis for K."""
+def _candidates(k: Kernel, which: str) -> list[int]:
+    """The kernel axes of kind `which`, innermost first: M (or LM), the GLOBAL axes only A reads; N (or LN), those
+    only B reads; K, the REDUCE axes both read."""
     ops = _operands(k)
     if ops is None:
-        return None
+        return []
     a, b = ops
     if which == "K":
-        reduce = k.axes(AxisType.REDUCE)
-        both = [n for n, ax in enumerate(reduce) if _varies(a, ax) and _varies(b, ax)]
-        return (OptOps.UNROLL, both[-1]) if both else None
+        return [ax for ax in reversed(k.axes(AxisType.REDUCE)) if _varies(a, ax) and _varies(b, ax)]
     reads, other = (a, b) if which in ("M", "LM") else (b, a)
-    globals_ = k.axes(AxisType.GLOBAL)
-    found = [n for n, ax in enumerate(globals_) if _varies(reads, ax) and not _varies(other, ax)]
-    if not found:
-        return None
-    return (OptOps.UPCAST if which in ("M", "N") else OptOps.LOCAL), found[-1]
+    return [ax for ax in reversed(k.axes(AxisType.GLOBAL)) if _varies(reads, ax) and not _varies(other, ax)]
 
 
 def _extent(k: Kernel, which: str) -> int:
-    """The product of the sizes of all axes of kind `which` (M: GLOBAL axes only A reads, N: only B, K: REDUCE axes
-    both read), 0 when there is none or one is symbolic."""
-    ops = _operands(k)
-    if ops is None:
-        return 0
-    a, b = ops
-    if which == "K":
-        axes = [ax for ax in k.axes(AxisType.REDUCE) if _varies(a, ax) and _varies(b, ax)]
-    else:
-        reads, other = (a, b) if which == "M" else (b, a)
-        axes = [ax for ax in k.axes(AxisType.GLOBAL) if _varies(reads, ax) and not _varies(other, ax)]
-    sizes = [k.full_shape[ax] for ax in axes]
-    return math.prod(sizes) if axes and all(isinstance(s, int) for s in sizes) else 0  # type: ignore[misc]
+    """The product of the sizes of the axes of kind `which`, 0 when there is none or one is symbolic."""
+    sizes = [k.full_shape[ax] for ax in _candidates(k, which)]
+    return math.prod(sizes) if sizes and all(isinstance(s, int) for s in sizes) else 0  # type: ignore[misc]
 
 
 def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
+    """The first of `amounts` (largest first) that some axis of kind `which` takes, on the innermost that does:
+    UPCAST for the register tile (M, N), LOCAL for the warps (LM, LN), UNROLL for the reduction step (K)."""
+    op = {"M": OptOps.UPCAST, "N": OptOps.UPCAST, "LM": OptOps.LOCAL, "LN": OptOps.LOCAL, "K": OptOps.UNROLL}[which]
+    kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
     for amount in amounts:
-        where = _axis(k, which)
-        if where is None:
-            return
-        try:
-            k.apply_opt(Opt(where[0], where[1], amount))
-            return
-        except KernelOptError:
-            continue
+        for axis in _candidates(k, which):
+            try:
+                k.apply_opt(Opt(op, k.axes(kind).index(axis), amount))
+                return
+            except KernelOptError:
+                continue
 
 
 def staged_matmul(k: Kernel) -> bool:
