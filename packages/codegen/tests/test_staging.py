@@ -8,13 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from codegen_cases import Case, check, run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 
 from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program
 from lazygrad_codegen.heuristic import hand_coded_optimizations
 from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
-from lazygrad_codegen.staging import plan
+from lazygrad_codegen.staging import LAUNCH_GROUPS, grouped_launch, plan
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.symbolic import sym_infer
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker, View
 
@@ -154,6 +157,8 @@ def test_full_size_default_is_eight_warps_on_a_128x128_tile() -> None:
         # a reduction not a multiple of the unroll: padded and staged as zeros
         ((1, 24, 40, 30), [Opt(OptOps.PADTO, 2, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 1, 8)]),
         ((2, 16, 24, 20), [Opt(OptOps.LOCAL, 1, 8), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)]),
+        # a 16x6 grid of workgroups: launched in bands of 8 rows
+        ((1, 64, 48, 8), [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 8)]),
     ],
 )
 def test_fma_matmul_from_local_memory(shape: tuple[int, int, int, int], opts) -> None:
@@ -207,3 +212,28 @@ def test_stage_is_refused_when_the_tiles_overflow_shared_memory() -> None:
 def test_cpu_kernels_are_not_staged() -> None:
     spec = get_program(bmm(1, 64, 64, 64, dtypes.float32).ast, py.PythonRenderer())
     assert Opt(OptOps.STAGE) not in spec.opts and Ops.BARRIER not in _ops(spec)
+
+
+# *** grouped launch order ***
+
+
+@given(st_.integers(1, 24), st_.integers(1, 24), st_.integers(0, 2))
+@settings(max_examples=60, deadline=None)
+def test_grouped_launch_order_is_a_permutation_of_the_tiles_in_bands(rows: int, cols: int, batch: int) -> None:
+    # the hardware indices as hardware_indices gives them: an optional outer (batch) axis, then rows, then cols
+    idxs = [UOp.variable(f"g{n}", 0, 1000) for n in range(batch)] + [UOp.variable("r", 0, rows - 1)]
+    idxs.append(UOp.variable("c", 0, cols - 1))
+    new = grouped_launch(idxs, [5] * batch + [rows, cols])
+    assert new[:batch] == idxs[:batch]
+    group = next((g for g in LAUNCH_GROUPS if rows % g == 0 and g < rows), None)
+    seen = []
+    for launched in range(rows * cols):  # the order the hardware starts workgroups in: c fastest
+        env = {"r": launched // cols, "c": launched % cols}
+        seen.append((sym_infer(new[-2], env), sym_infer(new[-1], env)))
+    assert sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)]
+    if group is not None and cols > 1:
+        # each run of group*cols consecutive workgroups covers one band of `group` rows, going down columns
+        for start in range(0, rows * cols, group * cols):
+            band = seen[start : start + group * cols]
+            assert {r // group for r, _ in band} == {start // (group * cols)}
+            assert band[:group] == [(start // cols + i, 0) for i in range(group)]

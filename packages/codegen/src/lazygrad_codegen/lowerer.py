@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from lazygrad_codegen.heuristic import accumulator_budget
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
-from lazygrad_codegen.staging import Stager
+from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import concat, gep, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
@@ -173,6 +173,8 @@ class _Lowerer:
         globals_ = k.axes(AxisType.GLOBAL)
         if r.has_local:
             gidx, self.global_size = hardware_indices([k.full_shape[a] for a in globals_], "gidx")
+            if k.staged:
+                gidx = grouped_launch(gidx, [k.full_shape[a] for a in globals_])
             self.idx.update(zip(globals_, gidx, strict=True))
             if r.global_max is not None:
                 for n, (size, limit) in enumerate(zip(self.global_size, r.global_max, strict=False)):

@@ -33,7 +33,7 @@ from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
 from lazygrad_codegen.vectors import gep, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, sint
 
 if TYPE_CHECKING:
     from lazygrad_codegen.kernel import Kernel
@@ -186,6 +186,27 @@ def apply_stage(k: Kernel) -> None:
             f"staging needs {need} bytes of local memory, over the renderer's shared_max {r.shared_max}"
         )
     k.staged = True
+
+
+# rows of workgroup tiles a grouped launch order walks together (the largest that divides the rows)
+LAUNCH_GROUPS = (8, 4, 2)
+
+
+def grouped_launch(idxs: list[UOp], sizes: list[sint]) -> list[UOp]:
+    """The indices of the GLOBAL axes (`idxs`, outermost first, as `hardware_indices` gives them) of a staged kernel
+    with its workgroups in a grouped order: the hardware launches workgroups with gidx0 fastest, which would sweep a
+    whole row of output tiles (every tile of B) for each row of A; instead consecutive workgroups cover a band of G
+    rows, column by column, so the tiles of A and B they read stay in the L2 cache. The same workgroups, renumbered;
+    `idxs` unchanged when there are fewer than two int axes or no G divides the rows."""
+    if len(idxs) < 2 or not all(isinstance(s, int) for s in sizes[-2:]):
+        return idxs
+    rows, cols = int(sizes[-2]), int(sizes[-1])
+    group = next((g for g in LAUNCH_GROUPS if rows % g == 0 and g < rows), None)
+    if group is None or cols < 2:
+        return idxs
+    linear = idxs[-2] * cols + idxs[-1]
+    band, within = linear // (group * cols), linear % (group * cols)
+    return [*idxs[:-2], band * group + within % group, within // group]
 
 
 class Stager:
