@@ -177,7 +177,9 @@ def test_default_fma_tiles_are_staged(shape: tuple[int, int, int, int]) -> None:
     ("dtype", "renderer"), [(dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU), (dtypes.bfloat16, TC_GPU)]
 )
 def test_convolution_from_local_memory(dtype: DType, renderer) -> None:
-    _staged_run(conv(2, 16, 16, 6, dtype), renderer, None)
+    # 8x8 pixels pad to the core's 16 rows at most doubled, so fp16/bf16 run on tensor cores
+    spec = _staged_run(conv(1, 16, 16, 8, dtype), renderer, None)
+    assert (Ops.WMMA in _ops(spec)) == (renderer is TC_GPU)
 
 
 # *** what STAGE refuses ***
@@ -237,3 +239,50 @@ def test_grouped_launch_order_is_a_permutation_of_the_tiles_in_bands(rows: int, 
             band = seen[start : start + group * cols]
             assert {r // group for r, _ in band} == {start // (group * cols)}
             assert band[:group] == [(start // cols + i, 0) for i in range(group)]
+
+
+# *** through the frontend: a convolution's three passes ***
+
+
+@pytest.fixture
+def emulated_gpu():
+    """The PYTHON device rendering for a GPU with CUDA's tensor cores; programs compiled for it are forgotten after."""
+    pytest.importorskip("lazygrad")
+    from lazygrad import engine
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    engine._runners.clear()
+    dev.use_renderer(TC_GPU)
+    yield dev
+    dev.use_renderer(before)
+    engine._runners.clear()
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType) -> None:
+    torch = pytest.importorskip("torch")
+    from lazygrad import Tensor, engine
+
+    x_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
+    w_np = (RNG.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    g_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
+    x, w, g = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np, g_np))
+    x.requires_grad_()
+    w.requires_grad_()
+    out = x.conv2d(w, padding=1)
+    dx, dw = out.gradient(x, w, gradient=g)
+    tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
+    tx, tw, tg = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np, g_np))
+    t_out = torch.nn.functional.conv2d(tx, tw, padding=1)
+    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), tg.detach())
+    tol = 1e-4 if dtype == dtypes.float32 else 2e-2
+    for got, want in ((out, t_out), (dx, t_dx), (dw, t_dw)):
+        want_np = want.detach().numpy()
+        np.testing.assert_allclose(
+            got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
+        )
+    # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
+    # these axes: test_convolution_from_local_memory has them)
+    assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3

@@ -31,6 +31,8 @@ from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
+TC_MATCHES = 8
+"""How many of the (M, N, K) axis triples a tensor core could take are tried, in order."""
 TC_TILES = (("M", (4, 2)), ("N", (4, 2)), ("LM", (2,)), ("LN", (4, 2)), ("K", (2,)))
 """Tensor cores: each opt of the default tile and the amounts tried for it, largest first."""
 FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (16, 8, 4, 2)), ("K", (4, 2)))
@@ -109,12 +111,15 @@ def staged_matmul(k: Kernel) -> bool:
         return False
     trial = k.copy()
     tiles = FMA_TILES
-    if r.tensor_cores:
+    # the first of the ways tensor cores fit (which M, N and K axes) that needs no more than doubling an axis: a
+    # convolution's batch axis may not fit while its pixels do
+    for match in range(TC_MATCHES if r.tensor_cores else 0):
         try:
-            trial.apply_opt(Opt(OptOps.TC, 0, (-1, 1)))
+            trial.apply_opt(Opt(OptOps.TC, match, (-1, 1)))
             tiles = TC_TILES
+            break
         except KernelOptError:
-            pass
+            continue
     if trial.tensor_core is None and len(staged_loads(trial)) != 2:
         return False
     for which, amounts in tiles:
