@@ -50,6 +50,7 @@ def _matmul_like(ast) -> bool:
         ("matmul_bf16", lambda: _matmul(dtypes.bfloat16)),
         ("matmul_fp32", lambda: _matmul(dtypes.float32)),
         ("conv_fp16", lambda: _conv_passes(dtypes.float16)),
+        ("conv_fp32", lambda: _conv_passes(dtypes.float32)),
     ],
 )
 def test_default_staged_kernels_compile_without_spills(what: str, build) -> None:

@@ -2,8 +2,9 @@
 
 What it adds to `CStyleLanguage`:
 
-- kernels are `extern "C" __global__`, with `__launch_bounds__` when the kernel has thread (`lidx`) indices; `gidx<d>`
-  is `blockIdx`, `lidx<d>` is `threadIdx`, so a launch is `global_size` blocks of `local_size` threads;
+- kernels are `extern "C" __global__`, with `__launch_bounds__(threads, 1)` when the kernel has thread (`lidx`)
+  indices; `gidx<d>` is `blockIdx`, `lidx<d>` is `threadIdx`, so a launch is `global_size` blocks of `local_size`
+  threads;
 - half and bfloat16 are `half` and `__nv_bfloat16` from `cuda_fp16.h`/`cuda_bf16.h`, computed in float and rounded
   back after every op (exactly what a native half op gives, and free of the headers' operator overloads);
 - vectors (`VECTORIZE`, `GEP`, `VCONST`, vector loads and stores through a cast pointer, lane-wise ALU ops): CUDA's
@@ -271,8 +272,10 @@ class CUDARenderer(CStyleLanguage):
     # *** the kernel ***
 
     def launch_attributes(self, workgroup: Workgroup | None) -> str:
-        """`__launch_bounds__` with the threads of a block, when the kernel has thread indices."""
-        return "" if workgroup is None else f"__launch_bounds__({math.prod(workgroup)}) "
+        """`__launch_bounds__` with the threads of a block, when the kernel has thread indices, and a minimum of one
+        block per multiprocessor: without it ptxas guesses an occupancy to aim for and may spill a few registers of a
+        large register tile (a staged convolution) to reach it."""
+        return "" if workgroup is None else f"__launch_bounds__({math.prod(workgroup)}, 1) "
 
     def render_prelude(self, uops: list[UOp]) -> list[str]:
         """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""
