@@ -17,15 +17,16 @@ loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). O
     UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
 
 gives 256 threads of 8x8 outputs each, again a 128x128 tile. Smaller kernels take the largest of each that divides
-their axes. Kernels too small for a tile (an M or N axis under 16, a reduction under 16) and kernels on which STAGE
-does not fit are left to the general heuristics.
+their axes. FMA tiles are the default only on renderers that declare warps (`warp_size`: CUDA, GPU targets of the
+PYTHON device), tensor-core tiles wherever a tensor core fits. Kernels too small for a tile (an M or N axis under 16,
+a reduction under 16) and kernels on which STAGE does not fit are left to the general heuristics.
 """
 
 from __future__ import annotations
 
 import math
 
-from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
+from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
 from lazygrad_codegen.staging import staged_loads
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -120,7 +121,9 @@ def staged_matmul(k: Kernel) -> bool:
             break
         except KernelOptError:
             continue
-    if trial.tensor_core is None and len(staged_loads(trial)) != 2:
+    # FMA tiles only where the renderer declares warps, i.e. is known to be a GPU: a generic OpenCL target may be a CPU
+    # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
+    if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return False
     for which, amounts in tiles:
         _apply_first(trial, which, amounts)
