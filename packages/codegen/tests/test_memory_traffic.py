@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from codegen_cases import run_python
-from test_staging import TC_GPU, bmm, bmm_ast
+from test_staging import ASYNC_TC_GPU, TC_GPU, bmm, bmm_ast
 
 from lazygrad_codegen import Opt, OptOps, get_program
 from lazygrad_codegen.memory_traffic import global_load_bytes
 from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 py = pytest.importorskip("lazygrad_python")
@@ -35,13 +36,15 @@ class _CountingMemory:
         return len(self.mem)
 
 
-def test_static_count_matches_the_interpreters_loads_and_the_tiled_matmul_formula(monkeypatch) -> None:
+@pytest.mark.parametrize("renderer", [TC_GPU, ASYNC_TC_GPU], ids=["loads", "async_copies"])
+def test_static_count_matches_the_interpreters_loads_and_the_tiled_matmul_formula(monkeypatch, renderer) -> None:
     m, n, k = 256, 128, 64
     case = bmm(1, m, n, k, dtypes.float16)
     reads = [0]
     real_memory = interpreter.memory
-    spec = get_program(case.ast, TC_GPU)
+    spec = get_program(case.ast, renderer)
     assert Opt(OptOps.STAGE) in spec.opts
+    assert (Ops.ASYNC_COPY in {u.op for u in spec.uops}) == (renderer is ASYNC_TC_GPU)
 
     def local_memory(self, dt):
         return real_memory(dt.base, memoryview(bytearray(max(dt.size, 1) * dt.base.itemsize)))
@@ -49,7 +52,7 @@ def test_static_count_matches_the_interpreters_loads_and_the_tiled_matmul_formul
     # global buffers count their reads; local ones (made by `_new_local`) don't
     monkeypatch.setattr(interpreter, "memory", lambda dt, buf: _CountingMemory(real_memory(dt, buf), reads))
     monkeypatch.setattr(interpreter.Interpreter, "_new_local", local_memory)
-    out, _ = run_python(case.ast, TC_GPU, list(spec.opts), case.inputs)
+    out, _ = run_python(case.ast, renderer, list(spec.opts), case.inputs)
     np.testing.assert_allclose(out[0], case.expected[0], rtol=1e-3, atol=1e-3 * np.abs(case.expected[0]).max())
     counted = reads[0] * 2  # fp16 elements
     static = global_load_bytes(spec.uops, spec.global_size, spec.local_size)

@@ -27,6 +27,10 @@ cuda_cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
 RNG = np.random.default_rng(14)
 TC_GPU = py.PythonRenderer(py.GPUTarget(name="TCGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32))
 FMA_GPU = py.PythonRenderer(py.GPUTarget(name="FMAGPU", warp_size=32))
+# copies into local memory by ASYNC_COPY/ASYNC_WAIT, as on CUDA sm_80+
+ASYNC_TC_GPU = py.PythonRenderer(
+    py.GPUTarget(name="ASYNCGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32, async_copy=True)
+)
 
 
 def _encode(x: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
@@ -145,6 +149,25 @@ def test_full_size_default_is_eight_warps_on_a_128x128_tile() -> None:
     a, b = plan(k)
     assert (a.tile, b.tile) == (128 * 32, 32 * 128)
     assert (a.vector, b.vector) == (8, 8)  # 128-bit copies
+
+
+@pytest.mark.parametrize(
+    ("renderer", "dtype", "shape", "opts"),
+    [
+        (ASYNC_TC_GPU, dtypes.float16, (1, 64, 32, 96), [*TC, Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2)]),
+        (ASYNC_TC_GPU, dtypes.bfloat16, (2, 32, 64, 64), [*TC, Opt(OptOps.LOCAL, 2, 4), Opt(OptOps.UNROLL, 0, 2)]),
+        # 5 reduce steps (odd), more threads than B's copies (some copy an element twice)
+        (ASYNC_TC_GPU, dtypes.float16, (1, 32, 16, 80), [*TC, Opt(OptOps.LOCAL, 0, 2)]),
+    ],
+)
+def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts) -> None:
+    spec = _staged_run(bmm(*shape, dtype), renderer, [*opts, Opt(OptOps.STAGE)])
+    ops = _ops(spec)
+    # the copies of step 0 before the loop, those of the next step inside it after a wait and a barrier
+    loop = ops.index(Ops.RANGE)
+    assert Ops.ASYNC_COPY in ops[:loop] and Ops.ASYNC_WAIT in ops[loop:]
+    assert ops.index(Ops.ASYNC_WAIT) < ops.index(Ops.BARRIER) < len(ops) - ops[::-1].index(Ops.ASYNC_COPY)
+    assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
 
 
 # *** FMA units ***

@@ -1,7 +1,7 @@
 """The default kernels of compute-bound work on CUDA (fp16, bf16 and fp32 matmuls; the forward, input-gradient and
-weight-gradient convolutions of a ResNet 3x3 layer at batch 64) are staged through shared memory, compile with NVRTC
-for sm_80 and sm_90, and ptxas (run by NVRTC, `--ptxas-options=-v`) reports no register spills for them. No GPU
-needed: nothing runs."""
+weight-gradient convolutions of a ResNet 3x3 layer at batch 64) are staged through shared memory (matmuls by cp.async
+from sm_80 on), compile with NVRTC for sm_80 and sm_90, and ptxas (run by NVRTC, `--ptxas-options=-v`) reports no
+register spills for them. No GPU needed: nothing runs."""
 
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
             assert Opt(OptOps.STAGE) in spec.opts, f"{what}: {spec.name} is not staged: {spec.opts}"
             if "fp32" not in what:
                 assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
+            if "matmul" in what and "fp32" not in what:
+                # whole 16-byte rows of both operands: copied by cp.async in a two-stage pipeline
+                assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
             for arch in ("sm_80", "sm_90"):
                 log = nvrtc_compile(spec.src, arch, spec.name, options=("--ptxas-options=-v",)).log
                 found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
@@ -75,3 +78,8 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
                 assert int(registers.group(1)) <= 255
             staged += 1
     assert staged >= (3 if "conv" in what else 1)
+
+
+def test_asynchronous_copies_start_at_ampere() -> None:
+    assert CUDARenderer("sm_80").has_async_copy and CUDARenderer("sm_90").has_async_copy
+    assert not CUDARenderer("sm_75").has_async_copy

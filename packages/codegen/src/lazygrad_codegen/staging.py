@@ -232,66 +232,110 @@ class Stager:
             n *= k.tensor_core.threads
         return tid, n
 
-    def _slot_offset(self, o: StagedOperand) -> UOp:
+    def _slot_offset(self, o: StagedOperand, step: UOp | None = None) -> UOp:
+        """Where the buffer slot of reduction step `step` (default: this one) starts."""
         if o.slots == 1:
             return UOp.const(dtypes.int32, 0)
-        step = self.lw._flat(self.k.axes(AxisType.REDUCE))
+        step = self.lw._flat(self.k.axes(AxisType.REDUCE)) if step is None else step
         return (step % 2) * o.slot
 
-    def _build(self) -> UOp:
-        """The copies of every operand's tile for this reduction step, and the barrier after them."""
+    def _asynchronous(self, n_threads: int) -> bool:
+        """Whether the copies can be `ASYNC_COPY`s: a renderer that has them, a reduce loop of int sizes, and every
+        operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
+        memory (not an FMA kernel's transposed tile)."""
+        k = self.k
+        if not k.renderer.has_async_copy or not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
+            return False
+        return all(
+            o.slots == 2 and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
+            for o in self.operands.values()
+        )
+
+    def _copies(self, reduce_at: dict[int, UOp], step: UOp | None, asynchronous: bool, extra: tuple[UOp, ...] = ()):
+        """Every operand's tile at the reduce indices `reduce_at` copied into the slot of `step`: STOREs of loaded
+        values, or ASYNC_COPYs (whose global INDEX is gated by `extra[0]` when given, and which follow `extra[1:]`)."""
         k, lw = self.k, self.lw
         tid, n_threads = self._thread()
         zero_index = UOp.const(dtypes.int32, 0)
-        stores: list[UOp] = []
-        for n, (load, o) in enumerate(self.operands.items()):
-            dt = load.dtype
-            buf = UOp(Ops.DEFINE_LOCAL, dt.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
-            self.buffers[load] = buf
+        out: list[UOp] = []
+        for load, o in self.operands.items():
+            dt, buf = load.dtype, self.buffers[load]
             gbuf, st = load.src[0], k.views[load.src[1]]
             local = dict(o.local_strides)
             sizes = [int(k.full_shape[a]) for a in o.copy_order]
-            base = self._slot_offset(o)
+            base = self._slot_offset(o, step)
             copies = o.tile // o.vector
             for i in range(-(-copies // n_threads)):
                 e = tid + i * n_threads
+                if asynchronous and copies % n_threads:
+                    # an asynchronous copy can't be switched off: the threads past the end copy an element again
+                    e = e % copies
                 # coordinates of the copy's first element, in the copy order (row-major, unpadded)
                 rest, coords = e * o.vector, {}
                 for a, size in zip(reversed(o.copy_order), reversed(sizes), strict=True):
                     coords[a] = rest % size
                     rest = rest // size
-                # the workgroup's own tile (GLOBAL indices) at this reduction step (REDUCE loops)
+                # the workgroup's own tile (GLOBAL indices) at this reduction step
                 idxs = [
-                    coords.get(a, lw.idx[a] if k.axis_types[a] in (AxisType.GLOBAL, AxisType.REDUCE) else zero_index)
+                    coords.get(a, reduce_at.get(a, lw.idx[a] if k.axis_types[a] is AxisType.GLOBAL else zero_index))
                     for a in range(k.rank)
                 ]
                 gidx, valid = st.to_indexed_uops(idxs)
+                lidx = base
+                for a, c in coords.items():
+                    lidx = lidx + c * local[a]
+                dst = UOp(Ops.INDEX, buf.dtype, (buf, lidx))
+                if asynchronous:
+                    gate = valid & extra[0] if extra else valid
+                    src = UOp(Ops.INDEX, gbuf.dtype, (gbuf, gidx, gate))
+                    out.append(UOp(Ops.ASYNC_COPY, dtypes.void, (dst, src, *extra[1:]), arg=o.vector))
+                    continue
                 if copies % n_threads:
                     valid = valid & (e < copies)
                 vdt = dt.vec(o.vector) if o.vector > 1 else dt
                 zero = UOp.const(dt, 0)
-                value = UOp(
-                    Ops.LOAD,
-                    vdt,
-                    (
-                        UOp(Ops.INDEX, gbuf.dtype, (gbuf, gidx, valid)),
-                        UOp(Ops.VECTORIZE, vdt, (zero,) * o.vector) if o.vector > 1 else zero,
-                        valid,
-                    ),
-                )
-                lidx = base
-                for a, c in coords.items():
-                    lidx = lidx + c * local[a]
-                gate = (e < copies,) if copies % n_threads else ()
+                alt = UOp(Ops.VECTORIZE, vdt, (zero,) * o.vector) if o.vector > 1 else zero
+                value = UOp(Ops.LOAD, vdt, (UOp(Ops.INDEX, gbuf.dtype, (gbuf, gidx, valid)), alt, valid))
+                gate_ = (e < copies,) if copies % n_threads else ()
                 if o.vector == 1 or o.store_vector:
-                    stores.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), value, *gate)))
+                    out.append(UOp(Ops.STORE, dtypes.void, (dst, value, *gate_)))
                     continue
                 # the buffer's layout scatters the vector's elements (an FMA kernel's transposed tile)
-                step = local[o.copy_order[-1]]
+                step_ = local[o.copy_order[-1]]
                 for lane in range(o.vector):
-                    index = UOp(Ops.INDEX, buf.dtype, (buf, lidx + lane * step))
-                    stores.append(UOp(Ops.STORE, dtypes.void, (index, gep(value, (lane,)), *gate)))
-        return UOp(Ops.BARRIER, dtypes.void, tuple(stores))
+                    index = UOp(Ops.INDEX, buf.dtype, (buf, lidx + lane * step_))
+                    out.append(UOp(Ops.STORE, dtypes.void, (index, gep(value, (lane,)), *gate_)))
+        return out
+
+    def _build(self) -> UOp:
+        """The copies of every operand's tile into local memory, and the barrier after which the reads of this
+        reduction step may run.
+
+        Synchronous: each step loads its tiles, stores them in its slot, one BARRIER. Asynchronous (cp.async), a
+        pipeline of two stages: before the loop, the copies of step 0 start; each step waits for its own copies
+        (started one step earlier), a BARRIER (every thread's copies have landed, and every thread has finished
+        reading the other slot in the step before), the copies of step + 1 start into the other slot, a second
+        BARRIER (it orders the reads after the copies were started, so that they overlap the math), then the reads."""
+        k, lw = self.k, self.lw
+        for n, (load, o) in enumerate(self.operands.items()):
+            self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
+        reduce_axes = k.axes(AxisType.REDUCE)
+        here = {a: lw.idx[a] for a in reduce_axes}
+        if not self._asynchronous(self._thread()[1]):
+            return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
+        zero = UOp.const(dtypes.int32, 0)
+        first = self._copies(dict.fromkeys(reduce_axes, zero), zero, True)
+        wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (*first, *lw.reduce_ranges))
+        landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
+        # the indices of the next step: one more in the row-major order of the reduce loops
+        sizes = [int(k.full_shape[a]) for a in reduce_axes]
+        step = lw._flat(reduce_axes)
+        nxt, place, after = step + 1, 1, {}
+        for a, size in zip(reversed(reduce_axes), reversed(sizes), strict=True):
+            after[a] = (nxt // place) % size
+            place *= size
+        started = self._copies(after, nxt, True, (nxt < math.prod(sizes), landed))
+        return UOp(Ops.BARRIER, dtypes.void, tuple(started))
 
     def staged(self, load: UOp) -> bool:
         """Whether `load` is read from local memory."""
@@ -299,7 +343,6 @@ class Stager:
 
     def read(self, load: UOp, lanes: _Lanes) -> UOp:
         """The staged operand `load` in the lane context `lanes`: one read of local memory per lane."""
-
         if self.barrier is None:
             self.barrier = self._build()
         o, buf = self.operands[load], self.buffers[load]

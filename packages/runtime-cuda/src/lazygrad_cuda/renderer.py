@@ -136,6 +136,8 @@ class CUDARenderer(CStyleLanguage):
             raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
         self.arch = arch
         self.tensor_cores = tuple(tensor_cores)
+        # cp.async exists from Ampere (sm_80) on
+        self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -270,6 +272,21 @@ class CUDARenderer(CStyleLanguage):
         return fn, body
 
     # *** the kernel ***
+
+    def render_async_copy(self, dst: str, src: str, valid: str | None, nbytes: int) -> str:
+        """`cp.async` (L2 only, `.cg`, for 16 bytes; `.ca` for 4 and 8) from global `src` to shared `dst`; a source
+        size of 0 where `valid` is false fills the destination with zeros and reads nothing."""
+        size = str(nbytes) if valid is None else f"({valid}?{nbytes}:0)"
+        kind = "cg" if nbytes == 16 else "ca"
+        return (
+            f'asm volatile("cp.async.{kind}.shared.global [%0], [%1], {nbytes}, %2;" :: '
+            f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"({size}));'
+        )
+
+    def render_async_wait(self) -> str:
+        """Commit the copies started since the last wait as one group and wait for every group."""
+        commit, wait = "cp.async.commit_group;", "cp.async.wait_group 0;"
+        return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
 
     def launch_attributes(self, workgroup: Workgroup | None) -> str:
         """`__launch_bounds__` with the threads of a block, when the kernel has thread indices, and a minimum of one
