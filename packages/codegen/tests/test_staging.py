@@ -11,7 +11,7 @@ from codegen_cases import Case, check, run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
-from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program
+from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program, staging
 from lazygrad_codegen.heuristic import hand_coded_optimizations
 from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
 from lazygrad_codegen.staging import LAUNCH_GROUPS, grouped_launch, plan
@@ -309,3 +309,34 @@ def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype
     # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
     # these axes: test_convolution_from_local_memory has them)
     assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3
+
+
+# *** shared-memory banks ***
+
+
+def _worst_bank_conflict(spec) -> int:
+    """The most distinct 4-byte words any of 32 banks serves for one warp (lidx0 = lane 0..31, everything else 0)
+    over the local-memory reads of 4 bytes or less in `spec`: 1 means conflict-free."""
+    worst = 1
+    for u in spec.uops:
+        if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL or u.dtype.itemsize > 4:
+            continue
+        idx = u.src[0].src[1]
+        env = {n: 0 for n in idx.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
+        words: dict[int, set[int]] = {}
+        for lane in range(32):
+            env.update({n: lane for n in env if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"})
+            word = sym_infer(idx, env) * u.src[0].src[0].dtype.base.itemsize // 4
+            words.setdefault(word % 32, set()).add(word)
+        worst = max(worst, *(len(w) for w in words.values()))
+    return worst
+
+
+def test_tensor_core_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
+    cuda = pytest.importorskip("lazygrad_cuda.renderer")
+    renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
+    ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float16)
+    assert _worst_bank_conflict(get_program(ast, renderer)) == 1
+    # without the padding of the rows, the fragments of A (8 rows of 64 bytes) and B collide
+    monkeypatch.setattr(staging, "PAD_FROM_BYTES", 1 << 30)
+    assert _worst_bank_conflict(get_program(ast, renderer)) > 1
