@@ -1,6 +1,9 @@
 """CUDA speed against torch on the same GPU, in the same run: an fp16 4096x4096x4096 matmul (TFLOPS) and an fp16
 elementwise add of 2^26 elements (GB/s moved: two reads and a write).
 
+It then prints the kernel-time rows of `benchmarks/gpu_matmul.py` (fp16/bf16/fp32 matmuls, the ResNet 3x3
+convolution passes at batch 64); BEAM's search time is measured by running that script itself.
+
 Times are GPU times of whole calls, synchronised: lazygrad's `.realize()` of a fresh graph (scheduling included,
 compilation excluded by a warm-up call) and torch's op, median of several runs. Targets: at least 50% of torch's
 matmul TFLOPS and 80% of its elementwise bandwidth. Without an NVIDIA GPU the script says so and measures nothing.
@@ -78,6 +81,10 @@ def main() -> None:
     rows.append((f"matmul fp16 {n}^3", t_mm, ref_mm, flops / 1e12, "TFLOPS", TARGETS["matmul"]))
     rows.append((f"add fp16 {count}", t_ew, ref_ew, moved / 1e9, "GB/s", TARGETS["elementwise"]))
 
+    from gpu_matmul import conv_rows, matmul_rows, print_rows
+
+    matmul_conv = matmul_rows(torch, 5) + conv_rows(torch, 5)
+
     head = f"{'benchmark':24s} {'lazygrad':>16s} {'torch':>16s} {'lazygrad/torch':>15s} {'target':>7s}"
     print(head)
     for name, t_lg, t_ref, work, unit, target in rows:
@@ -85,6 +92,8 @@ def main() -> None:
         ref = f"{work / t_ref:9.2f} {unit:6s}" if t_ref else f"{'n/a':>16s}"
         ratio = f"{t_ref / t_lg:15.2%}" if t_ref else f"{'n/a':>15s}"
         print(f"{name:24s} {lg} {ref} {ratio} {target:7.0%}")
+    # kernel-time rows of the compute-bound kernels (issue 14); BEAM's search: python benchmarks/gpu_matmul.py
+    print_rows(matmul_conv)
 
 
 if __name__ == "__main__":

@@ -235,3 +235,28 @@ def test_wrong_number_of_buffers_or_values() -> None:
         prg(memoryview(bytearray(16)))
     with pytest.raises(ValueError, match="takes 0 variable values, got 1"):
         prg(memoryview(bytearray(16)), memoryview(bytearray(16)), vals=(3,))
+
+
+def test_asynchronous_copies_land_at_the_wait_with_zeros_where_invalid() -> None:
+    # 8 threads each start copying a float2 of the input into local memory (threads 6 and 7 with an invalid source,
+    # which fills zeros); a read before ASYNC_WAIT still sees what was there (the initial zeros of local memory,
+    # plus 7 written by a plain store), a read after the wait and a barrier sees the copied values
+    n = 8
+    x = np.arange(2 * n, dtype=np.float32) + 1
+    out, inp = glob(0, dtypes.float32, 4 * n), glob(1, dtypes.float32, 2 * n)
+    lid = UOp.special(n, "lidx0")
+    lmem = UOp(Ops.DEFINE_LOCAL, dtypes.float32.ptr(2 * n, local=True), arg="stage")
+    marked = store(lmem, lid * 2 + 1, UOp.const(dtypes.float32, 7.0))
+    src = UOp(Ops.INDEX, inp.dtype, (inp, lid * 2, lid < 6))
+    copy = UOp(Ops.ASYNC_COPY, dtypes.void, (index(lmem, lid * 2), src, marked), arg=2)
+    before = UOp(Ops.LOAD, dtypes.float32, (index(lmem, lid * 2 + 1), copy))
+    early = store(out, lid, before)
+    wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (copy, early))
+    barrier = UOp(Ops.BARRIER, dtypes.void, (wait,))
+    after = [UOp(Ops.LOAD, dtypes.float32, (index(lmem, ((n - 1) - lid) * 2 + k), barrier)) for k in range(2)]
+    late = [store(out, n + lid * 2 + k, a) for k, a in enumerate(after)]
+    uops = program(out, inp, lmem, lid, marked, copy, early, wait, barrier, *late)
+    got = run(uops, np.zeros(4 * n, np.float32), x, local_size=(n, 1, 1))[0]
+    np.testing.assert_array_equal(got[:n], np.full(n, 7.0))
+    landed = np.where(np.repeat(np.arange(n) < 6, 2), x, 0).reshape(n, 2)[::-1].ravel()
+    np.testing.assert_array_equal(got[n : 3 * n], landed)

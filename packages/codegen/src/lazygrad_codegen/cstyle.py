@@ -293,6 +293,15 @@ class CStyleLanguage(Renderer):
                 helpers.setdefault(name, definition)
         return list(helpers.values())
 
+    def render_async_copy(self, dst: str, src: str, valid: str | None, nbytes: int) -> str:
+        """The statement that starts copying `nbytes` from global address `src` to local address `dst` (zeros where
+        `valid`, when given, is false); only for a dialect with `has_async_copy`."""
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
+
+    def render_async_wait(self) -> str:
+        """The statement that waits for this thread's asynchronous copies."""
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
+
     def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
         """The whole source: prelude and helpers, the signature with `params` (name, dtype) in order, and the body
         lines of the linear program `uops`."""
@@ -405,6 +414,11 @@ class CStyleLanguage(Renderer):
                 if not self.barrier:
                     raise NotImplementedError(f"{type(self).__name__} has no workgroup barrier")
                 line(self.barrier)
+            elif op is Ops.ASYNC_COPY:
+                valid = r[src[1].src[2]] if len(src[1].src) == 3 else None
+                line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
+            elif op is Ops.ASYNC_WAIT:
+                line(self.render_async_wait())
             elif op is Ops.DEFINE_ACC:
                 r[u] = f"acc{u.arg[0]}"
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")

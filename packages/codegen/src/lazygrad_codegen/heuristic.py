@@ -2,6 +2,8 @@
 
 In order:
 
+0. on GPUs with local memory, matmul-like kernels (convolutions too) get multi-warp workgroup tiles with their
+   operands staged through local memory (`lazygrad_codegen.tiling`);
 1. tensor cores, when the renderer has some and the kernel is a matmul they fit (padding allowed);
 2. on GPUs, a grouped reduction (GROUPTOP) when the output is too small to keep the device busy but the reduction
    is long; on GPUs with warp shuffles (`warp_size`), a reduction to very few outputs gets the largest workgroup
@@ -29,6 +31,7 @@ What assumes a CPU: the upcast widths come from the renderer's `vector_width` (t
 from __future__ import annotations
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
+from lazygrad_codegen.tiling import staged_matmul
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -96,6 +99,8 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     """Apply the default opts to `k` (see the module docstring) and return it."""
     r = k.renderer
     width = max(1, r.vector_width)
+    if r.has_local and r.has_shared and staged_matmul(k):
+        return k
     if r.tensor_cores and r.has_local and _tensor_cores(k):
         return k
     if r.has_local and r.has_shared and k.reduceops:

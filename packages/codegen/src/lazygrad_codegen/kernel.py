@@ -20,7 +20,9 @@ kernel the same way:
 - `NOLOCALS`: no LOCAL axes at all on a GPU (must come before any LOCAL);
 - `TC(axis, (select, pad))`: runs the matmul of the kernel on tensor cores: `axis` picks one of the matching (N, M, K)
   axis triples, `select` a tensor core of the renderer (-1: the first that fits), `pad` 1 lets it pad axes to the
-  core's dims.
+  core's dims;
+- `STAGE`: the workgroup copies the tiles of the reduction's operands into local memory once per reduce step and
+  reads them from there (`lazygrad_codegen.staging`); only SWAP may follow it, since the tiles are sized by then.
 
 `axis` is an index into the kernel's GLOBAL axes for UPCAST, LOCAL and SWAP, into its REDUCE axes for UNROLL, GROUP
 and GROUPTOP. `amt` 0 means the whole axis. An opt that does not fit the kernel or the renderer's limits raises
@@ -144,6 +146,7 @@ class OptOps(Enum):
     NOLOCALS = auto()
     PADTO = auto()
     SWAP = auto()
+    STAGE = auto()
 
     def __repr__(self) -> str:
         return f"OptOps.{self.name}"
@@ -222,6 +225,8 @@ class Kernel:
     # after PADTO on a reduce axis that zeros can't pad: a view (key of `views`, not in the AST) of the full shape
     # that is valid exactly on the elements that are not padding
     reduce_mask: UOp | None = field(init=False, default=None)
+    # STAGE: the reduction's operands are copied through local memory (`lazygrad_codegen.staging`)
+    staged: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.shape = kernel_shape(self.ast)
@@ -427,6 +432,13 @@ class Kernel:
 
     def _apply(self, opt: Opt) -> None:
         r = self.renderer
+        if self.staged and opt.op is not OptOps.SWAP:
+            raise KernelOptError("STAGE fixes the tiles it copies: only SWAP may follow it")
+        if opt.op is OptOps.STAGE:
+            from lazygrad_codegen.staging import apply_stage
+
+            apply_stage(self)
+            return
         if opt.op is OptOps.TC:
             from lazygrad_codegen.tensor_cores import apply_tensor_core
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from lazygrad_codegen.heuristic import accumulator_budget
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
+from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import concat, gep, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
@@ -172,6 +173,8 @@ class _Lowerer:
         globals_ = k.axes(AxisType.GLOBAL)
         if r.has_local:
             gidx, self.global_size = hardware_indices([k.full_shape[a] for a in globals_], "gidx")
+            if k.staged:
+                gidx = grouped_launch(gidx, [k.full_shape[a] for a in globals_])
             self.idx.update(zip(globals_, gidx, strict=True))
             if r.global_max is not None:
                 for n, (size, limit) in enumerate(zip(self.global_size, r.global_max, strict=False)):
@@ -213,6 +216,7 @@ class _Lowerer:
             self.tc_b = _Lanes((*unroll, *upcast, "reg"), (*un_sizes, *up_sizes, e_b), "B")
             self.layouts = dict(zip("ABC", layouts(tc), strict=True))
         self.full = _Lanes((*unroll, *upcast), (*un_sizes, *up_sizes))
+        self.stager = Stager(self) if k.staged else None
 
     # *** indices ***
 
@@ -272,6 +276,8 @@ class _Lowerer:
         if u.op in (Ops.VIEW, Ops.DEFINE_GLOBAL):
             return u
         if u.op is Ops.LOAD:
+            if self.stager is not None and self.stager.staged(u):
+                return self.stager.read(u, lanes)
             buf = u.src[0]
             indexed = self.indexed(u.src[1], lanes)
             if lanes.gate:

@@ -47,6 +47,7 @@ def _actions() -> list[Opt]:
     out += [Opt(OptOps.SWAP, a, b) for a in range(4) for b in range(a + 1, 5)]
     out += [Opt(OptOps.NOLOCALS)]
     out += [Opt(OptOps.TC, axis, (-1, pad)) for axis in range(4) for pad in (0, 1)]
+    out += [Opt(OptOps.STAGE)]
     return out
 
 

@@ -69,6 +69,11 @@ def _varies(st: ShapeTracker, axis: int) -> bool:
 
 
 def _operand_load(u: UOp, tc: TensorCore) -> UOp | None:
+    # a round trip through a wider float and back (CAST(half, CAST(float, x)), as the frontend reads a half gradient)
+    # gives x exactly
+    if u.op is Ops.CAST and u.src[0].op is Ops.CAST and u.src[0].src[0].dtype == u.dtype:
+        if dtypes.is_float(u.src[0].dtype) and u.src[0].dtype.itemsize > u.dtype.itemsize:
+            u = u.src[0].src[0]
     if u.op is Ops.CAST:
         u = u.src[0]
     return u if u.op is Ops.LOAD and u.dtype == tc.dtype_in else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,14 +117,16 @@ class NVRTCOutput:
     log: str
 
 
-def nvrtc_compile(src: str, nvrtc_arch: str, name: str = "kernel") -> NVRTCOutput:
-    """Compile CUDA C `src` for `nvrtc_arch` ("sm_90" or "compute_90"). CompileError with NVRTC's log when the
+def nvrtc_compile(src: str, nvrtc_arch: str, name: str = "kernel", options: Sequence[str] = ()) -> NVRTCOutput:
+    """Compile CUDA C `src` for `nvrtc_arch` ("sm_90" or "compute_90"), with more NVRTC `options` if given (e.g.
+    `--ptxas-options=-v`, whose register and spill report lands in the log). CompileError with NVRTC's log when the
     source does not compile."""
     nvrtc = _nvrtc()
     nvrtc_version()  # a clear error when libnvrtc is missing
     (prog,) = _check(nvrtc.nvrtcCreateProgram(src.encode(), f"{name}.cu".encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         opts = [f"--gpu-architecture={nvrtc_arch}".encode(), *(f"-I{d}".encode() for d in cuda_include_dirs())]
+        opts += [o.encode() for o in options]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         (size,) = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         log = bytearray(size)

@@ -2,8 +2,9 @@
 
 What it adds to `CStyleLanguage`:
 
-- kernels are `extern "C" __global__`, with `__launch_bounds__` when the kernel has thread (`lidx`) indices; `gidx<d>`
-  is `blockIdx`, `lidx<d>` is `threadIdx`, so a launch is `global_size` blocks of `local_size` threads;
+- kernels are `extern "C" __global__`, with `__launch_bounds__(threads, 1)` when the kernel has thread (`lidx`)
+  indices; `gidx<d>` is `blockIdx`, `lidx<d>` is `threadIdx`, so a launch is `global_size` blocks of `local_size`
+  threads;
 - half and bfloat16 are `half` and `__nv_bfloat16` from `cuda_fp16.h`/`cuda_bf16.h`, computed in float and rounded
   back after every op (exactly what a native half op gives, and free of the headers' operator overloads);
 - vectors (`VECTORIZE`, `GEP`, `VCONST`, vector loads and stores through a cast pointer, lane-wise ALU ops): CUDA's
@@ -135,6 +136,8 @@ class CUDARenderer(CStyleLanguage):
             raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
         self.arch = arch
         self.tensor_cores = tuple(tensor_cores)
+        # cp.async exists from Ampere (sm_80) on
+        self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -270,9 +273,26 @@ class CUDARenderer(CStyleLanguage):
 
     # *** the kernel ***
 
+    def render_async_copy(self, dst: str, src: str, valid: str | None, nbytes: int) -> str:
+        """`cp.async` (L2 only, `.cg`, for 16 bytes; `.ca` for 4 and 8) from global `src` to shared `dst`; a source
+        size of 0 where `valid` is false fills the destination with zeros and reads nothing."""
+        size = str(nbytes) if valid is None else f"({valid}?{nbytes}:0)"
+        kind = "cg" if nbytes == 16 else "ca"
+        return (
+            f'asm volatile("cp.async.{kind}.shared.global [%0], [%1], {nbytes}, %2;" :: '
+            f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"({size}));'
+        )
+
+    def render_async_wait(self) -> str:
+        """Commit the copies started since the last wait as one group and wait for every group."""
+        commit, wait = "cp.async.commit_group;", "cp.async.wait_group 0;"
+        return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
+
     def launch_attributes(self, workgroup: Workgroup | None) -> str:
-        """`__launch_bounds__` with the threads of a block, when the kernel has thread indices."""
-        return "" if workgroup is None else f"__launch_bounds__({math.prod(workgroup)}) "
+        """`__launch_bounds__` with the threads of a block, when the kernel has thread indices, and a minimum of one
+        block per multiprocessor: without it ptxas guesses an occupancy to aim for and may spill a few registers of a
+        large register tile (a staged convolution) to reach it."""
+        return "" if workgroup is None else f"__launch_bounds__({math.prod(workgroup)}, 1) "
 
     def render_prelude(self, uops: list[UOp]) -> list[str]:
         """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""

@@ -43,6 +43,8 @@ class GPUTarget:
     # threads whose values SHUFFLE_XOR exchanges (a power of two dividing the interpreter's 32-thread warps), so that
     # grouped reductions combine within warps first; 0: no shuffles, grouped reductions go through local memory only
     warp_size: int = 0
+    # ASYNC_COPY/ASYNC_WAIT (CUDA's cp.async on sm_80+): staged kernels pipeline their copies
+    async_copy: bool = False
 
     def __post_init__(self) -> None:
         if self.warp_size and (self.warp_size < 2 or WARP_SIZE % self.warp_size):
@@ -79,6 +81,7 @@ class PythonRenderer(Renderer):
                 vector_width=target.vector_width,
                 tensor_cores=target.tensor_cores,
                 warp_size=target.warp_size,
+                has_async_copy=target.async_copy,
             )
 
     def __reduce__(self) -> tuple[Any, ...]:

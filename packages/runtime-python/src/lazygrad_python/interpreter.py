@@ -58,10 +58,12 @@ class _Warp:
     """The state of one warp: registers (one per instruction), program counter, and the active-thread mask (None
     when every thread is active; a list of bools otherwise, never all true)."""
 
-    __slots__ = ("mask", "pc", "regs")
+    __slots__ = ("mask", "pc", "pending", "regs")
 
     def __init__(self, regs: list[Any]) -> None:
         self.regs, self.pc, self.mask = regs, 0, None
+        # ASYNC_COPYs started and not yet landed: (local memory, global memory, [(dst, src or None) per thread], n)
+        self.pending: list[tuple[Any, Any, list[tuple[int, int | None]], int]] = []
 
 
 def _oob(offset: int) -> Any:
@@ -415,6 +417,35 @@ class Interpreter:
 
         return endif
 
+    def _async_copy(self, i: int, x: Instr) -> Step:
+        # the copy is queued and lands at the thread's next ASYNC_WAIT, the latest the hardware may land it: a read
+        # of the destination before the wait sees the old contents, as it may on hardware
+        dst_buf, dst_off, dst_stride = self._memory_operands(i, Instr(Ops.STORE, x.dtype, x.src[:1], None))
+        src_buf, src_off, src_stride = self._memory_operands(i, Instr(Ops.LOAD, x.dtype, x.src[1:2], None))
+        n = int(x.arg)
+
+        def async_copy(regs: list[Any], w: _Warp) -> None:
+            mask = w.mask
+            pairs = [
+                (d * dst_stride, None if o is None else o * src_stride)
+                for t, (d, o) in enumerate(zip(regs[dst_off], regs[src_off], strict=True))
+                if d is not None and (mask is None or mask[t])
+            ]
+            w.pending.append((regs[dst_buf], regs[src_buf], pairs, n))
+
+        return async_copy
+
+    def _async_wait(self, i: int, x: Instr) -> Step:
+        def async_wait(regs: list[Any], w: _Warp) -> None:
+            for dst, src, pairs, n in w.pending:
+                for d, o in pairs:
+                    for k in range(n):
+                        # a copy whose global INDEX is not valid writes zeros
+                        dst[d + k] = src[o + k] if o is not None else 0
+            w.pending.clear()
+
+        return async_wait
+
     def _barrier(self, i: int, x: Instr) -> Step:
         def barrier(regs: list[Any], w: _Warp) -> int:
             return _BARRIER
@@ -557,6 +588,8 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.IF: Interpreter._if,
     Ops.ENDIF: Interpreter._endif,
     Ops.BARRIER: Interpreter._barrier,
+    Ops.ASYNC_COPY: Interpreter._async_copy,
+    Ops.ASYNC_WAIT: Interpreter._async_wait,
     Ops.WMMA: Interpreter._wmma,
     Ops.SHUFFLE_XOR: Interpreter._shuffle_xor,
 }

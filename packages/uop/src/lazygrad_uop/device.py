@@ -336,7 +336,8 @@ class Renderer(abc.ABC):
     axes together), `max_workgroup_threads` (threads of one workgroup), `has_threads` (a host target that runs a
     kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`), and `warp_size`
     (threads whose values `SHUFFLE_XOR` exchanges, a power of two dividing the hardware's warp; 0: no shuffles, so
-    grouped reductions combine through shared memory only).
+    grouped reductions combine through shared memory only), and `has_async_copy` (it renders `ASYNC_COPY` and
+    `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer).
     """
 
     device: ClassVar[str] = ""
@@ -352,6 +353,7 @@ class Renderer(abc.ABC):
     max_upcast: ClassVar[int] = 256
     max_workgroup_threads: ClassVar[int] = 1024
     warp_size: ClassVar[int] = 0
+    has_async_copy: ClassVar[bool] = False
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 

@@ -6,7 +6,7 @@
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
    DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, SHUFFLE_XOR,
-   ALU ops.
+   ASYNC_COPY/ASYNC_WAIT, ALU ops.
 
 The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
 """
@@ -97,6 +97,10 @@ class Ops(Enum):
     WHERE = auto()
     MULACC = auto()
 
+    # asynchronous copies from global into local memory (last, so the ops above keep their sort order)
+    ASYNC_COPY = auto()
+    ASYNC_WAIT = auto()
+
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
@@ -155,4 +159,10 @@ OP_DOCS: dict[Ops, str] = {
     " the thread of the same warp whose lane is this thread's lane XOR offset (lane: the thread's linear index in its"
     " workgroup, x fastest, modulo warp_size); every thread of the warp runs it together, none masked off"
     " (CUDA __shfl_xor_sync, Metal simd_shuffle_xor)",
+    Ops.ASYNC_COPY: "src=(INDEX into a DEFINE_LOCAL, INDEX into a DEFINE_GLOBAL[, ordering deps]); arg=elements:"
+    " starts copying that many consecutive elements, zeros where the global INDEX's valid is false; the copy lands"
+    " no later than the thread's next ASYNC_WAIT, and nothing may read or write its destination before then"
+    " (CUDA cp.async, renderers with has_async_copy)",
+    Ops.ASYNC_WAIT: "src: ordering deps (the copies it must follow in program order, a RANGE to run in a loop): waits"
+    " until every ASYNC_COPY this thread started has landed; a BARRIER after it makes them visible to the workgroup",
 }

@@ -1,0 +1,358 @@
+"""Operand staging: the STAGE opt, which makes a workgroup copy the tiles of a reduction's inputs into local (shared)
+memory once per reduction step, so that each value loaded from global memory is reused by every thread of the
+workgroup that needs it.
+
+What a staged kernel does in each step of its reduce loops (all of it ordinary UOps, so every renderer with local
+memory and the PYTHON interpreter run it):
+
+1. every thread of the workgroup copies its share of each operand's tile for this step from global memory into a
+   `DEFINE_LOCAL` buffer: consecutive threads copy consecutive runs of the buffer's innermost dimension, as vectors of
+   up to 16 bytes (128-bit loads) where the view allows, zeros where the view is masked (padding, edges);
+2. one `BARRIER` after all the copies;
+3. the thread's own reads (tensor-core fragments, or the register tile of an FMA kernel) come from local memory.
+
+The tile of an operand is the part of it that the workgroup reads in one step: the extent of its view along the axes
+that vary inside a workgroup (LOCAL, TC_M/N/K, UPCAST, UNROLL) and that the operand reads. Each operand gets two
+buffers used in turn (by the parity of the step): a thread that writes step k+2's tile has passed step k+1's barrier,
+which every thread reaches only after its reads of step k, so one barrier per step is enough (with a single buffer
+step k+1's copies could overwrite what a slower warp still reads for step k).
+
+Local layout: rows padded by 16 bytes when they are long, so the threads of a warp that read one column of a
+tile (a tensor-core fragment reads 8 rows of 4 words) hit different banks. On tensor cores the buffer keeps the
+global layout of the operand (rows along the reduction for A, along N for B); an FMA kernel puts the reduction
+outermost, so a thread's register tile for one step of the reduction is one contiguous run of the buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
+from lazygrad_codegen.vectors import gep, vectorize
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp, sint
+
+if TYPE_CHECKING:
+    from lazygrad_codegen.kernel import Kernel
+    from lazygrad_codegen.lowerer import _Lanes, _Lowerer
+
+# the axes whose index varies between the threads and registers of one workgroup in one reduction step
+TILE_TYPES = frozenset({AxisType.LOCAL, AxisType.TC_M, AxisType.TC_N, AxisType.TC_K, AxisType.UPCAST, AxisType.UNROLL})
+# the widest copy from global memory, in bytes (a 128-bit load)
+COPY_BYTES = 16
+# rows of a local buffer at least this long (bytes) are padded by COPY_BYTES to spread columns over the banks
+PAD_FROM_BYTES = 64
+
+
+@dataclass(frozen=True)
+class StagedOperand:
+    """How one operand (a LOAD of the kernel AST) is staged: its tile axes in the order the copy walks them
+    (outermost first), the stride of each of them in the local buffer, the elements of the tile, of one buffer slot
+    (with padding) and of one copy from global memory (`vector`), whether a copy is one vector store into the buffer
+    too (`store_vector`; else one store per element), and how many slots (2 when the reduction is a loop)."""
+
+    load: UOp
+    copy_order: tuple[int, ...]
+    local_strides: tuple[tuple[int, int], ...]
+    tile: int
+    slot: int
+    vector: int
+    store_vector: bool
+    slots: int
+
+    @property
+    def bytes(self) -> int:
+        """Local memory the operand takes."""
+        return self.slot * self.slots * self.load.dtype.itemsize
+
+
+def _under_casts(u: UOp) -> UOp:
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u
+
+
+def staged_loads(k: Kernel) -> list[UOp]:
+    """The loads a STAGE opt copies through local memory: the tensor core's operands, or (FMA) every load below the
+    reduction whose value changes along a reduce axis."""
+    from lazygrad_codegen.selection import axes_read
+
+    if k.tc_operands is not None:
+        return [_under_casts(u) for u in k.tc_operands]
+    reduce_axes = set(k.axes(*REDUCE_TYPES))
+    return [ld for ld, _ in k.loads() if ld.src[1] in k.full_views and axes_read(ld, k) & reduce_axes]
+
+
+def _int_strides(k: Kernel, load: UOp) -> list[int] | None:
+    st = k.views[load.src[1]]
+    strides = st.real_strides(ignore_valid=True)
+    return list(strides) if all(isinstance(s, int) for s in strides) else None  # type: ignore[arg-type]
+
+
+def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
+    """Elements per copy along the tile's innermost axis `axis`: up to 16 bytes when the view is one unmasked view,
+    contiguous along `axis`, and every other stride and the offset keep the copies aligned."""
+    st = k.views[load.src[1]]
+    strides = _int_strides(k, load)
+    if strides is None or len(st.views) != 1 or st.views[0].mask is not None or strides[axis] != 1:
+        return 1
+    offset = st.views[0].offset
+    v = COPY_BYTES // load.dtype.itemsize
+    while v > 1:
+        if (
+            size % v == 0
+            and isinstance(offset, int)
+            and offset % v == 0
+            and all(s % v == 0 for a, s in enumerate(strides) if a != axis)
+        ):
+            return v
+        v //= 2
+    return 1
+
+
+def plan(k: Kernel) -> list[StagedOperand]:
+    """How each operand of a staged kernel is staged (see the module docstring)."""
+    from lazygrad_codegen.selection import axes_read
+
+    slots = 2 if k.axes(AxisType.REDUCE) else 1
+    out = []
+    for load in staged_loads(k):
+        read = axes_read(load, k)
+        axes = [a for a in range(k.rank) if k.axis_types[a] in TILE_TYPES and a in read]
+        sizes = {a: int(k.full_shape[a]) for a in axes}
+        strides = _int_strides(k, load)
+        # the copy walks the tile in the order of the operand's memory, so neighbouring threads read neighbours
+        copy = sorted(axes, key=lambda a: -abs(strides[a])) if strides is not None else list(axes)
+        if k.tensor_core is not None:
+            layout = copy
+        else:
+            # FMA: one reduction step of a thread's register tile is one contiguous run of the buffer
+            layout = [a for a in axes if k.axis_types[a] in REDUCE_TYPES] + [
+                a for a in axes if k.axis_types[a] not in REDUCE_TYPES
+            ]
+        # rows: the innermost run of the layout's axes on the same side of the reduction
+        inner = 0
+        while inner < len(layout) and (k.axis_types[layout[-1 - inner]] in REDUCE_TYPES) == (
+            k.axis_types[layout[-1]] in REDUCE_TYPES
+        ):
+            inner += 1
+        row = math.prod(sizes[a] for a in layout[len(layout) - inner :])
+        item = load.dtype.itemsize
+        pad = COPY_BYTES // item if inner < len(layout) and row * item >= PAD_FROM_BYTES else 0
+        local: dict[int, int] = {}
+        stride = 1
+        for n, a in enumerate(reversed(layout)):
+            if n == inner:
+                stride = row + pad
+            local[a] = stride
+            stride *= sizes[a]
+        tile = math.prod(sizes.values())
+        slot = stride if axes else 1
+        vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
+        # one vector store needs the copy's elements to be neighbours in the buffer, at an aligned index
+        store_vector = vector > 1 and (
+            local.get(copy[-1]) == 1
+            and not any(s % vector for a, s in local.items() if a != copy[-1])
+            and slot % vector == 0
+        )
+        out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
+    return out
+
+
+def apply_stage(k: Kernel) -> None:
+    """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError."""
+    r = k.renderer
+    if not (r.has_local and r.has_shared and k.use_locals):
+        raise KernelOptError(f"STAGE needs local dimensions and shared memory, which {type(r).__name__} lacks")
+    if k.staged:
+        raise KernelOptError("the kernel is staged already")
+    if len(k.reduceops) != 1:
+        raise KernelOptError("STAGE takes a kernel with one reduction")
+    if k.axes(AxisType.GROUP_REDUCE) or k.reduce_mask is not None:
+        raise KernelOptError("STAGE can't be combined with a grouped reduction or a masked reduce padding")
+    if not k.axes(AxisType.REDUCE):
+        raise KernelOptError("nothing to stage: no reduce loop is left (the reduction is fully unrolled)")
+    if any(not isinstance(k.full_shape[a], int) for a in range(k.rank) if k.axis_types[a] in TILE_TYPES):
+        raise KernelOptError("STAGE needs int sizes on the axes inside a workgroup")
+    operands = plan(k)
+    if not operands:
+        raise KernelOptError("STAGE found no operand that changes along the reduction")
+    need = sum(o.bytes for o in operands)
+    if need > r.shared_max:
+        raise KernelOptError(
+            f"staging needs {need} bytes of local memory, over the renderer's shared_max {r.shared_max}"
+        )
+    k.staged = True
+
+
+# rows of workgroup tiles a grouped launch order walks together (the largest that divides the rows)
+LAUNCH_GROUPS = (8, 4, 2)
+
+
+def grouped_launch(idxs: list[UOp], sizes: list[sint]) -> list[UOp]:
+    """The indices of the GLOBAL axes (`idxs`, outermost first, as `hardware_indices` gives them) of a staged kernel
+    with its workgroups in a grouped order: the hardware launches workgroups with gidx0 fastest, which would sweep a
+    whole row of output tiles (every tile of B) for each row of A; instead consecutive workgroups cover a band of G
+    rows, column by column, so the tiles of A and B they read stay in the L2 cache. The same workgroups, renumbered;
+    `idxs` unchanged when there are fewer than two int axes or no G divides the rows."""
+    if len(idxs) < 2 or not all(isinstance(s, int) for s in sizes[-2:]):
+        return idxs
+    rows, cols = int(sizes[-2]), int(sizes[-1])
+    group = next((g for g in LAUNCH_GROUPS if rows % g == 0 and g < rows), None)
+    if group is None or cols < 2:
+        return idxs
+    linear = idxs[-2] * cols + idxs[-1]
+    band, within = linear // (group * cols), linear % (group * cols)
+    return [*idxs[:-2], band * group + within % group, within // group]
+
+
+class Stager:
+    """Builds, for one lowering, the copies of every staged operand into local memory and the reads from there.
+    `lowerer` is the `_Lowerer` (its indices, thread index and `idxs`)."""
+
+    def __init__(self, lowerer: _Lowerer) -> None:
+        self.lw = lowerer
+        self.k = k = lowerer.k
+        self.operands = {o.load: o for o in plan(k)}
+        self.buffers: dict[UOp, UOp] = {}
+        self.barrier: UOp | None = None
+
+    def _thread(self) -> tuple[UOp, int]:
+        """The flat index of the thread in its workgroup (neighbouring lanes of a warp get neighbouring numbers), and
+        the number of threads."""
+        lw, k = self.lw, self.k
+        axes = k.axes(AxisType.LOCAL)
+        tid = lw._flat(axes)
+        n = k.lanes(AxisType.LOCAL)
+        if k.tensor_core is not None:
+            tid = tid * k.tensor_core.threads + lw.tc_thread
+            n *= k.tensor_core.threads
+        return tid, n
+
+    def _slot_offset(self, o: StagedOperand, step: UOp | None = None) -> UOp:
+        """Where the buffer slot of reduction step `step` (default: this one) starts."""
+        if o.slots == 1:
+            return UOp.const(dtypes.int32, 0)
+        step = self.lw._flat(self.k.axes(AxisType.REDUCE)) if step is None else step
+        return (step % 2) * o.slot
+
+    def _asynchronous(self, n_threads: int) -> bool:
+        """Whether the copies can be `ASYNC_COPY`s: a renderer that has them, a reduce loop of int sizes, and every
+        operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
+        memory (not an FMA kernel's transposed tile)."""
+        k = self.k
+        if not k.renderer.has_async_copy or not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
+            return False
+        return all(
+            o.slots == 2 and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
+            for o in self.operands.values()
+        )
+
+    def _copies(self, reduce_at: dict[int, UOp], step: UOp | None, asynchronous: bool, extra: tuple[UOp, ...] = ()):
+        """Every operand's tile at the reduce indices `reduce_at` copied into the slot of `step`: STOREs of loaded
+        values, or ASYNC_COPYs (whose global INDEX is gated by `extra[0]` when given, and which follow `extra[1:]`)."""
+        k, lw = self.k, self.lw
+        tid, n_threads = self._thread()
+        zero_index = UOp.const(dtypes.int32, 0)
+        out: list[UOp] = []
+        for load, o in self.operands.items():
+            dt, buf = load.dtype, self.buffers[load]
+            gbuf, st = load.src[0], k.views[load.src[1]]
+            local = dict(o.local_strides)
+            sizes = [int(k.full_shape[a]) for a in o.copy_order]
+            base = self._slot_offset(o, step)
+            copies = o.tile // o.vector
+            for i in range(-(-copies // n_threads)):
+                e = tid + i * n_threads
+                if asynchronous and copies % n_threads:
+                    # an asynchronous copy can't be switched off: the threads past the end copy an element again
+                    e = e % copies
+                # coordinates of the copy's first element, in the copy order (row-major, unpadded)
+                rest, coords = e * o.vector, {}
+                for a, size in zip(reversed(o.copy_order), reversed(sizes), strict=True):
+                    coords[a] = rest % size
+                    rest = rest // size
+                # the workgroup's own tile (GLOBAL indices) at this reduction step
+                idxs = [
+                    coords.get(a, reduce_at.get(a, lw.idx[a] if k.axis_types[a] is AxisType.GLOBAL else zero_index))
+                    for a in range(k.rank)
+                ]
+                gidx, valid = st.to_indexed_uops(idxs)
+                lidx = base
+                for a, c in coords.items():
+                    lidx = lidx + c * local[a]
+                dst = UOp(Ops.INDEX, buf.dtype, (buf, lidx))
+                if asynchronous:
+                    gate = valid & extra[0] if extra else valid
+                    src = UOp(Ops.INDEX, gbuf.dtype, (gbuf, gidx, gate))
+                    out.append(UOp(Ops.ASYNC_COPY, dtypes.void, (dst, src, *extra[1:]), arg=o.vector))
+                    continue
+                if copies % n_threads:
+                    valid = valid & (e < copies)
+                vdt = dt.vec(o.vector) if o.vector > 1 else dt
+                zero = UOp.const(dt, 0)
+                alt = UOp(Ops.VECTORIZE, vdt, (zero,) * o.vector) if o.vector > 1 else zero
+                value = UOp(Ops.LOAD, vdt, (UOp(Ops.INDEX, gbuf.dtype, (gbuf, gidx, valid)), alt, valid))
+                gate_ = (e < copies,) if copies % n_threads else ()
+                if o.vector == 1 or o.store_vector:
+                    out.append(UOp(Ops.STORE, dtypes.void, (dst, value, *gate_)))
+                    continue
+                # the buffer's layout scatters the vector's elements (an FMA kernel's transposed tile)
+                step_ = local[o.copy_order[-1]]
+                for lane in range(o.vector):
+                    index = UOp(Ops.INDEX, buf.dtype, (buf, lidx + lane * step_))
+                    out.append(UOp(Ops.STORE, dtypes.void, (index, gep(value, (lane,)), *gate_)))
+        return out
+
+    def _build(self) -> UOp:
+        """The copies of every operand's tile into local memory, and the barrier after which the reads of this
+        reduction step may run.
+
+        Synchronous: each step loads its tiles, stores them in its slot, one BARRIER. Asynchronous (cp.async), a
+        pipeline of two stages: before the loop, the copies of step 0 start; each step waits for its own copies
+        (started one step earlier), a BARRIER (every thread's copies have landed, and every thread has finished
+        reading the other slot in the step before), the copies of step + 1 start into the other slot, a second
+        BARRIER (it orders the reads after the copies were started, so that they overlap the math), then the reads."""
+        k, lw = self.k, self.lw
+        for n, (load, o) in enumerate(self.operands.items()):
+            self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
+        reduce_axes = k.axes(AxisType.REDUCE)
+        here = {a: lw.idx[a] for a in reduce_axes}
+        if not self._asynchronous(self._thread()[1]):
+            return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
+        zero = UOp.const(dtypes.int32, 0)
+        first = self._copies(dict.fromkeys(reduce_axes, zero), zero, True)
+        wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (*first, *lw.reduce_ranges))
+        landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
+        # the indices of the next step: one more in the row-major order of the reduce loops
+        sizes = [int(k.full_shape[a]) for a in reduce_axes]
+        step = lw._flat(reduce_axes)
+        nxt, place, after = step + 1, 1, {}
+        for a, size in zip(reversed(reduce_axes), reversed(sizes), strict=True):
+            after[a] = (nxt // place) % size
+            place *= size
+        started = self._copies(after, nxt, True, (nxt < math.prod(sizes), landed))
+        return UOp(Ops.BARRIER, dtypes.void, tuple(started))
+
+    def staged(self, load: UOp) -> bool:
+        """Whether `load` is read from local memory."""
+        return load in self.operands
+
+    def read(self, load: UOp, lanes: _Lanes) -> UOp:
+        """The staged operand `load` in the lane context `lanes`: one read of local memory per lane."""
+        if self.barrier is None:
+            self.barrier = self._build()
+        o, buf = self.operands[load], self.buffers[load]
+        local = dict(o.local_strides)
+        base = self._slot_offset(o)
+        out = []
+        for coord in lanes.coords():
+            idxs = self.lw.idxs(lanes, coord)
+            lidx = base
+            for a, stride in local.items():
+                lidx = lidx + idxs[a] * stride
+            out.append(UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), self.barrier)))
+        return vectorize(out)

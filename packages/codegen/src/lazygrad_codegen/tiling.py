@@ -1,0 +1,135 @@
+"""Default tiles for matmul-like kernels (matmuls, batched matmuls, convolutions as implicit GEMM) on GPUs with local
+memory: several warps per workgroup, each with a register tile, operands staged through local memory (`STAGE`).
+
+A kernel is matmul-like when it is one sum of a product of two loads, A and B, with an output axis M that only A
+reads, an output axis N that only B reads, and a reduce axis both read: a convolution's input is A (its pixels are M),
+its weights are B (output channels are N), its input channels, and window positions, the reduction; its input- and
+weight-gradient kernels are of the same form.
+
+On tensor cores (fp16/bf16 inputs, fp32 accumulators; fp32 kernels stay on FMA units, TF32 only when the renderer
+offers such a core):
+
+    TC, UPCAST M x4, UPCAST N x4, LOCAL M x2, LOCAL N x4, UNROLL K x2, STAGE
+
+gives 8 warps of 64x32 outputs each, a 128x128 workgroup tile and 32 elements of the reduction per step; each element
+loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). On FMA units:
+
+    UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
+
+gives 256 threads of 8x8 outputs each, again a 128x128 tile. Smaller kernels take the largest of each that divides
+their axes. FMA tiles are the default only on renderers that declare warps (`warp_size`: CUDA, GPU targets of the
+PYTHON device), tensor-core tiles wherever a tensor core fits. Kernels too small for a tile (an M or N axis under 16,
+a reduction under 16) and kernels on which STAGE does not fit are left to the general heuristics.
+"""
+
+from __future__ import annotations
+
+import math
+
+from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
+from lazygrad_codegen.staging import staged_loads
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker
+
+TC_MATCHES = 8
+"""How many of the (M, N, K) axis triples a tensor core could take are tried, in order."""
+TC_TILES = (("M", (4, 2)), ("N", (4, 2)), ("LM", (2,)), ("LN", (4, 2)), ("K", (2,)))
+"""Tensor cores: each opt of the default tile and the amounts tried for it, largest first."""
+FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (16, 8, 4, 2)), ("K", (4, 2)))
+"""FMA units: the same for a kernel without tensor cores."""
+
+MIN_SIZE = 16
+"""M, N and the reduction (the product of their axes) must each be at least this long for a staged tile to pay."""
+
+
+def _varies(st: ShapeTracker, axis: int) -> bool:
+    s = st.real_strides(ignore_valid=True)[axis]
+    return not (isinstance(s, int) and s == 0)
+
+
+def _source_load(u: UOp) -> UOp:
+    """The node under any chain of CASTs (the frontend reads an fp16 gradient as CAST(half, CAST(float, LOAD)))."""
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u
+
+
+def _operands(k: Kernel) -> tuple[ShapeTracker, ShapeTracker] | None:
+    """The views of A and B of a matmul-like kernel (see the module docstring), or None when it isn't one."""
+    reduces = k.reduceops
+    if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD:
+        return None
+    x = _source_load(reduces[0].src[0])
+    if x.op is not Ops.MUL:
+        return None
+    loads = [_source_load(s) for s in x.src]
+    if any(ld.op is not Ops.LOAD for ld in loads):
+        return None
+    return k.views[loads[0].src[1]], k.views[loads[1].src[1]]
+
+
+def _candidates(k: Kernel, which: str) -> list[int]:
+    """The kernel axes of kind `which`, innermost first: M (or LM), the GLOBAL axes only A reads; N (or LN), those
+    only B reads; K, the REDUCE axes both read."""
+    ops = _operands(k)
+    if ops is None:
+        return []
+    a, b = ops
+    if which == "K":
+        return [ax for ax in reversed(k.axes(AxisType.REDUCE)) if _varies(a, ax) and _varies(b, ax)]
+    reads, other = (a, b) if which in ("M", "LM") else (b, a)
+    return [ax for ax in reversed(k.axes(AxisType.GLOBAL)) if _varies(reads, ax) and not _varies(other, ax)]
+
+
+def _extent(k: Kernel, which: str) -> int:
+    """The product of the sizes of the axes of kind `which`, 0 when there is none or one is symbolic."""
+    sizes = [k.full_shape[ax] for ax in _candidates(k, which)]
+    return math.prod(sizes) if sizes and all(isinstance(s, int) for s in sizes) else 0  # type: ignore[misc]
+
+
+def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
+    """The first of `amounts` (largest first) that some axis of kind `which` takes, on the innermost that does:
+    UPCAST for the register tile (M, N), LOCAL for the warps (LM, LN), UNROLL for the reduction step (K)."""
+    op = {"M": OptOps.UPCAST, "N": OptOps.UPCAST, "LM": OptOps.LOCAL, "LN": OptOps.LOCAL, "K": OptOps.UNROLL}[which]
+    kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
+    for amount in amounts:
+        for axis in _candidates(k, which):
+            try:
+                k.apply_opt(Opt(op, k.axes(kind).index(axis), amount))
+                return
+            except KernelOptError:
+                continue
+
+
+def staged_matmul(k: Kernel) -> bool:
+    """Apply the default tiles of the module docstring to `k` when it is matmul-like and its renderer has local and
+    shared memory; returns whether it did (`k` is left unchanged otherwise)."""
+    r = k.renderer
+    if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
+        return False
+    if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
+        return False
+    trial = k.copy()
+    tiles = FMA_TILES
+    # the first of the ways tensor cores fit (which M, N and K axes) that needs no more than doubling an axis: a
+    # convolution's batch axis may not fit while its pixels do
+    for match in range(TC_MATCHES if r.tensor_cores else 0):
+        try:
+            trial.apply_opt(Opt(OptOps.TC, match, (-1, 1)))
+            tiles = TC_TILES
+            break
+        except KernelOptError:
+            continue
+    # FMA tiles only where the renderer declares warps, i.e. is known to be a GPU: a generic OpenCL target may be a CPU
+    # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
+    if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
+        return False
+    for which, amounts in tiles:
+        _apply_first(trial, which, amounts)
+    try:
+        trial.apply_opt(Opt(OptOps.STAGE))
+    except KernelOptError:
+        return False
+    k.__dict__.update(trial.__dict__)
+    return True

@@ -1,0 +1,342 @@
+"""Operand staging (the STAGE opt, `lazygrad_codegen.staging`) and the default multi-warp matmul tiles
+(`lazygrad_codegen.tiling`): kernels lowered for a GPU-like PYTHON renderer (local memory, barriers, the CUDA
+tensor cores) and run by the interpreter, which emulates a workgroup's warps between barriers, against numpy (and
+torch for the convolution passes through the frontend), on shapes that are and are not multiples of the tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from codegen_cases import Case, check, run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st_
+
+from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program, staging
+from lazygrad_codegen.heuristic import hand_coded_optimizations
+from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
+from lazygrad_codegen.staging import LAUNCH_GROUPS, grouped_launch, plan
+from lazygrad_uop.dtype import DType, dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.symbolic import sym_infer
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker, View
+
+py = pytest.importorskip("lazygrad_python")
+cuda_cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
+
+RNG = np.random.default_rng(14)
+TC_GPU = py.PythonRenderer(py.GPUTarget(name="TCGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32))
+FMA_GPU = py.PythonRenderer(py.GPUTarget(name="FMAGPU", warp_size=32))
+# copies into local memory by ASYNC_COPY/ASYNC_WAIT, as on CUDA sm_80+
+ASYNC_TC_GPU = py.PythonRenderer(
+    py.GPUTarget(name="ASYNCGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32, async_copy=True)
+)
+
+
+def _encode(x: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
+    """`x` stored as `dtype` (bfloat16 as its bits in uint16), and the values that holds, as float64."""
+    if dtype == dtypes.bfloat16:
+        bits = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    v = x.astype({dtypes.float16: np.float16, dtypes.float32: np.float32}[dtype])
+    return v, v.astype(np.float64)
+
+
+def bmm_ast(batch: int, m: int, n: int, k: int, dtype: DType) -> UOp:
+    """The kernel of C[b] = A[b] @ B[b] with A (b, m, k) and B (b, k, n) row-major; fp32 accumulation."""
+    x = load(1, dtype, st(batch, m, 1, k).expand((batch, m, n, k)))
+    y = load(2, dtype, st(batch, 1, k, n).permute((0, 1, 3, 2)).expand((batch, m, n, k)))
+    prod = x * y if dtype == dtypes.float32 else x.cast(dtypes.float32) * y.cast(dtypes.float32)
+    return sink(store(0, reduce(prod, Ops.ADD, (3,)), st(batch, m, n, 1)))
+
+
+def bmm(batch: int, m: int, n: int, k: int, dtype: DType) -> Case:
+    """`bmm_ast` with random inputs and the numpy result."""
+    a_store, a = _encode(RNG.standard_normal((batch, m, k)), dtype)
+    b_store, b = _encode(RNG.standard_normal((batch, k, n)), dtype)
+    ast = bmm_ast(batch, m, n, k, dtype)
+    tol = 1e-4 if dtype == dtypes.float32 else 1e-3
+    return Case(f"bmm_{batch}x{m}x{n}x{k}_{dtype.name}", ast, {1: a_store, 2: b_store}, {0: (a @ b).reshape(-1)}, tol)
+
+
+def conv(batch: int, cin: int, cout: int, size: int, dtype: DType, pad: int = 1, kernel: int = 3) -> Case:
+    """A 2D convolution (cross-correlation) over a padded input, (batch, cout, oh, ow) out; fp32 accumulation."""
+    x_store, x = _encode(RNG.standard_normal((batch, cin, size, size)), dtype)
+    w_store, w = _encode(RNG.standard_normal((cout, cin, kernel, kernel)), dtype)
+    p, out = size + 2 * pad, size + 2 * pad - kernel + 1
+    padded = st(batch, cin, size, size).pad(((0, 0), (0, 0), (pad, pad), (pad, pad))).reshape((batch * cin * p * p,))
+    shape = (batch, cout, out, out, cin, kernel, kernel)
+    window = ShapeTracker((*padded.views[:-1], View.create(shape, (cin * p * p, 0, p, 1, p * p, p, 1))))
+    weight = st(1, cout, 1, 1, cin, kernel, kernel).expand(shape)
+    a, b = load(1, dtype, window, size=x.size), load(2, dtype, weight)
+    prod = a * b if dtype == dtypes.float32 else a.cast(dtypes.float32) * b.cast(dtypes.float32)
+    ast = sink(store(0, reduce(prod, Ops.ADD, (4, 5, 6)), st(batch, cout, out, out, 1, 1, 1)))
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ref = np.zeros((batch, cout, out, out))
+    for i in range(out):
+        for j in range(out):
+            ref[:, :, i, j] = np.einsum("nchw,ochw->no", xp[:, :, i : i + kernel, j : j + kernel], w)
+    tol = 1e-4 if dtype == dtypes.float32 else 1e-3
+    return Case(
+        f"conv_{batch}x{cin}x{cout}x{size}_{dtype.name}", ast, {1: x_store, 2: w_store}, {0: ref.reshape(-1)}, tol
+    )
+
+
+def _ops(spec) -> list[Ops]:
+    return [u.op for u in spec.uops]
+
+
+def _loads_feeding(spec, op: Ops) -> set[Ops]:
+    """The kinds of buffer (DEFINE_GLOBAL, DEFINE_LOCAL) that the loads feeding the `op`s of `spec` read, not
+    looking past a BARRIER (what was stored before it)."""
+    seen, kinds = set(), set()
+    stack = [u for u in spec.uops if u.op is op]
+    while stack:
+        u = stack.pop()
+        if u in seen or u.op is Ops.BARRIER:
+            continue
+        seen.add(u)
+        if u.op is Ops.LOAD:
+            kinds.add(u.src[0].src[0].op)
+        stack.extend(u.src)
+    return kinds
+
+
+def _staged_run(case: Case, renderer, opts: list[Opt] | None):
+    out, spec = run_python(case.ast, renderer, opts, case.inputs)
+    check(case, out, f"{case.name} {spec.opts}")
+    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
+    assert Ops.DEFINE_LOCAL in _ops(spec) and Ops.BARRIER in _ops(spec)
+    return spec
+
+
+# *** tensor cores ***
+
+TC = [Opt(OptOps.TC, 0, (-1, 1))]
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize(
+    ("batch", "m", "n", "k", "opts"),
+    [
+        # two warps along N, two M tiles per warp, K tile 32: a 32x16 workgroup tile over a 3-step reduce loop
+        (1, 64, 32, 96, [*TC, Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)]),
+        # not multiples of the core's tile: padded, the padding staged as zeros; an odd number of reduce steps
+        (1, 40, 20, 40, [*TC, Opt(OptOps.LOCAL, 0, 3)]),
+        # batched, warps along both N and M
+        (3, 32, 32, 32, [*TC, Opt(OptOps.LOCAL, 2, 2), Opt(OptOps.LOCAL, 1, 2)]),
+    ],
+)
+def test_tensor_core_matmul_from_local_memory(dtype: DType, batch: int, m: int, n: int, k: int, opts) -> None:
+    case = bmm(batch, m, n, k, dtype)
+    spec = _staged_run(case, TC_GPU, [*opts, Opt(OptOps.STAGE)])
+    assert Ops.WMMA in _ops(spec)
+    # every fragment the tensor cores read comes from local memory: no global load feeds a WMMA directly
+    assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64, 64, 64), (2, 48, 40, 72)])
+def test_default_tensor_core_tiles_are_staged(dtype: DType, shape: tuple[int, int, int, int]) -> None:
+    spec = _staged_run(bmm(*shape, dtype), TC_GPU, None)
+    assert spec.opts[0].op is OptOps.TC and spec.local_size[0] == 32
+
+
+def test_full_size_default_is_eight_warps_on_a_128x128_tile() -> None:
+    k = hand_coded_optimizations(Kernel(bmm_ast(1, 4096, 4096, 4096, dtypes.float16), TC_GPU))
+    assert k.staged and k.workgroup_threads() == 256
+    # A's tile is 128 rows of M by 32 of K, B's 32 of K by 128 of N: a 128x128 output tile per workgroup
+    a, b = plan(k)
+    assert (a.tile, b.tile) == (128 * 32, 32 * 128)
+    assert (a.vector, b.vector) == (8, 8)  # 128-bit copies
+
+
+@pytest.mark.parametrize(
+    ("renderer", "dtype", "shape", "opts"),
+    [
+        (ASYNC_TC_GPU, dtypes.float16, (1, 64, 32, 96), [*TC, Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2)]),
+        (ASYNC_TC_GPU, dtypes.bfloat16, (2, 32, 64, 64), [*TC, Opt(OptOps.LOCAL, 2, 4), Opt(OptOps.UNROLL, 0, 2)]),
+        # 5 reduce steps (odd), more threads than B's copies (some copy an element twice)
+        (ASYNC_TC_GPU, dtypes.float16, (1, 32, 16, 80), [*TC, Opt(OptOps.LOCAL, 0, 2)]),
+    ],
+)
+def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts) -> None:
+    spec = _staged_run(bmm(*shape, dtype), renderer, [*opts, Opt(OptOps.STAGE)])
+    ops = _ops(spec)
+    # the copies of step 0 before the loop, those of the next step inside it after a wait and a barrier
+    loop = ops.index(Ops.RANGE)
+    assert Ops.ASYNC_COPY in ops[:loop] and Ops.ASYNC_WAIT in ops[loop:]
+    assert ops.index(Ops.ASYNC_WAIT) < ops.index(Ops.BARRIER) < len(ops) - ops[::-1].index(Ops.ASYNC_COPY)
+    assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
+
+
+# *** FMA units ***
+
+
+@pytest.mark.parametrize(
+    ("shape", "opts"),
+    [
+        ((1, 32, 32, 24), [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 4)]),
+        # a reduction not a multiple of the unroll: padded and staged as zeros
+        ((1, 24, 40, 30), [Opt(OptOps.PADTO, 2, 4), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 1, 8)]),
+        ((2, 16, 24, 20), [Opt(OptOps.LOCAL, 1, 8), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)]),
+        # a 16x6 grid of workgroups: launched in bands of 8 rows
+        ((1, 64, 48, 8), [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 8)]),
+    ],
+)
+def test_fma_matmul_from_local_memory(shape: tuple[int, int, int, int], opts) -> None:
+    _staged_run(bmm(*shape, dtypes.float32), FMA_GPU, [*opts, Opt(OptOps.STAGE)])
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 64, 32), (1, 36, 50, 20)])
+def test_default_fma_tiles_are_staged(shape: tuple[int, int, int, int]) -> None:
+    _staged_run(bmm(*shape, dtypes.float32), FMA_GPU, None)
+
+
+# *** convolutions (implicit GEMM) ***
+
+
+@pytest.mark.parametrize(
+    ("dtype", "renderer"), [(dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU), (dtypes.bfloat16, TC_GPU)]
+)
+def test_convolution_from_local_memory(dtype: DType, renderer) -> None:
+    # 8x8 pixels pad to the core's 16 rows at most doubled, so fp16/bf16 run on tensor cores
+    spec = _staged_run(conv(1, 16, 16, 8, dtype), renderer, None)
+    assert (Ops.WMMA in _ops(spec)) == (renderer is TC_GPU)
+
+
+# *** what STAGE refuses ***
+
+
+def test_stage_is_refused_where_it_cannot_work() -> None:
+    case = bmm(1, 32, 32, 64, dtypes.float32)
+    with pytest.raises(KernelOptError, match="local dimensions and shared memory"):
+        Kernel(case.ast, py.PythonRenderer()).apply_opt(Opt(OptOps.STAGE))
+    k = Kernel(case.ast, FMA_GPU)
+    k.apply_opt(Opt(OptOps.STAGE))
+    with pytest.raises(KernelOptError, match="only SWAP may follow"):
+        k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
+    fully_unrolled = Kernel(case.ast, FMA_GPU).apply_opts([Opt(OptOps.UNROLL, 0, 0)])
+    with pytest.raises(KernelOptError, match="no reduce loop"):
+        fully_unrolled.apply_opt(Opt(OptOps.STAGE))
+    grouped = Kernel(case.ast, FMA_GPU).apply_opts([Opt(OptOps.GROUP, 0, 4)])
+    with pytest.raises(KernelOptError, match="grouped reduction"):
+        grouped.apply_opt(Opt(OptOps.STAGE))
+
+
+def test_stage_is_refused_when_the_tiles_overflow_shared_memory() -> None:
+    small = py.PythonRenderer(py.GPUTarget(name="SMALLSHARED", shared_max=1024))
+    k = Kernel(bmm(1, 64, 64, 64, dtypes.float32).ast, small).apply_opts(
+        [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.LOCAL, 0, 8)]
+        + [Opt(OptOps.UNROLL, 0, 4)]
+    )
+    with pytest.raises(KernelOptError, match="over the renderer's shared_max"):
+        k.apply_opt(Opt(OptOps.STAGE))
+
+
+def test_cpu_kernels_are_not_staged() -> None:
+    spec = get_program(bmm(1, 64, 64, 64, dtypes.float32).ast, py.PythonRenderer())
+    assert Opt(OptOps.STAGE) not in spec.opts and Ops.BARRIER not in _ops(spec)
+
+
+# *** grouped launch order ***
+
+
+@given(st_.integers(1, 24), st_.integers(1, 24), st_.integers(0, 2))
+@settings(max_examples=60, deadline=None)
+def test_grouped_launch_order_is_a_permutation_of_the_tiles_in_bands(rows: int, cols: int, batch: int) -> None:
+    # the hardware indices as hardware_indices gives them: an optional outer (batch) axis, then rows, then cols
+    idxs = [UOp.variable(f"g{n}", 0, 1000) for n in range(batch)] + [UOp.variable("r", 0, rows - 1)]
+    idxs.append(UOp.variable("c", 0, cols - 1))
+    new = grouped_launch(idxs, [5] * batch + [rows, cols])
+    assert new[:batch] == idxs[:batch]
+    group = next((g for g in LAUNCH_GROUPS if rows % g == 0 and g < rows), None)
+    seen = []
+    for launched in range(rows * cols):  # the order the hardware starts workgroups in: c fastest
+        env = {"r": launched // cols, "c": launched % cols}
+        seen.append((sym_infer(new[-2], env), sym_infer(new[-1], env)))
+    assert sorted(seen) == [(r, c) for r in range(rows) for c in range(cols)]
+    if group is not None and cols > 1:
+        # each run of group*cols consecutive workgroups covers one band of `group` rows, going down columns
+        for start in range(0, rows * cols, group * cols):
+            band = seen[start : start + group * cols]
+            assert {r // group for r, _ in band} == {start // (group * cols)}
+            assert band[:group] == [(start // cols + i, 0) for i in range(group)]
+
+
+# *** through the frontend: a convolution's three passes ***
+
+
+@pytest.fixture
+def emulated_gpu():
+    """The PYTHON device rendering for a GPU with CUDA's tensor cores; programs compiled for it are forgotten after."""
+    pytest.importorskip("lazygrad")
+    from lazygrad import engine
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    engine._runners.clear()
+    dev.use_renderer(TC_GPU)
+    yield dev
+    dev.use_renderer(before)
+    engine._runners.clear()
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType) -> None:
+    torch = pytest.importorskip("torch")
+    from lazygrad import Tensor, engine
+
+    x_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
+    w_np = (RNG.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    g_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
+    x, w, g = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np, g_np))
+    x.requires_grad_()
+    w.requires_grad_()
+    out = x.conv2d(w, padding=1)
+    dx, dw = out.gradient(x, w, gradient=g)
+    tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
+    tx, tw, tg = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np, g_np))
+    t_out = torch.nn.functional.conv2d(tx, tw, padding=1)
+    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), tg.detach())
+    tol = 1e-4 if dtype == dtypes.float32 else 2e-2
+    for got, want in ((out, t_out), (dx, t_dx), (dw, t_dw)):
+        want_np = want.detach().numpy()
+        np.testing.assert_allclose(
+            got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
+        )
+    # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
+    # these axes: test_convolution_from_local_memory has them)
+    assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3
+
+
+# *** shared-memory banks ***
+
+
+def _worst_bank_conflict(spec) -> int:
+    """The most distinct 4-byte words any of 32 banks serves for one warp (lidx0 = lane 0..31, everything else 0)
+    over the local-memory reads of 4 bytes or less in `spec`: 1 means conflict-free."""
+    worst = 1
+    for u in spec.uops:
+        if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL or u.dtype.itemsize > 4:
+            continue
+        idx = u.src[0].src[1]
+        env = {n: 0 for n in idx.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
+        words: dict[int, set[int]] = {}
+        for lane in range(32):
+            env.update({n: lane for n in env if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"})
+            word = sym_infer(idx, env) * u.src[0].src[0].dtype.base.itemsize // 4
+            words.setdefault(word % 32, set()).add(word)
+        worst = max(worst, *(len(w) for w in words.values()))
+    return worst
+
+
+def test_tensor_core_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
+    cuda = pytest.importorskip("lazygrad_cuda.renderer")
+    renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
+    ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float16)
+    assert _worst_bank_conflict(get_program(ast, renderer)) == 1
+    # without the padding of the rows, the fragments of A (8 rows of 64 bytes) and B collide
+    monkeypatch.setattr(staging, "PAD_FROM_BYTES", 1 << 30)
+    assert _worst_bank_conflict(get_program(ast, renderer)) > 1

@@ -1,0 +1,85 @@
+"""The default kernels of compute-bound work on CUDA (fp16, bf16 and fp32 matmuls; the forward, input-gradient and
+weight-gradient convolutions of a ResNet 3x3 layer at batch 64) are staged through shared memory (matmuls by cp.async
+from sm_80 on), compile with NVRTC for sm_80 and sm_90, and ptxas (run by NVRTC, `--ptxas-options=-v`) reports no
+register spills for them. No GPU needed: nothing runs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lazygrad_codegen import Opt, OptOps, get_program
+from lazygrad_cuda.compiler import nvrtc_compile
+from lazygrad_cuda.renderer import CUDARenderer
+from lazygrad_cuda.tensor_cores import TENSOR_CORES
+from lazygrad_uop.dtype import DType, dtypes
+from lazygrad_uop.ops import Ops
+
+lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
+Tensor = lazygrad.Tensor
+
+
+def _t(*shape: int, dtype: DType) -> Tensor:
+    return Tensor.empty(*shape, dtype=dtype, device="PYTHON")
+
+
+def _matmul(dtype: DType) -> list[Tensor]:
+    return [_t(4096, 4096, dtype=dtype) @ _t(4096, 4096, dtype=dtype)]
+
+
+def _conv_passes(dtype: DType) -> list[Tensor]:
+    x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(64, 64, 3, 3, dtype=dtype).requires_grad_()
+    out = x.conv2d(w, padding=1)
+    return [out, *out.gradient(x, w, gradient=_t(64, 64, 56, 56, dtype=dtype))]
+
+
+def _matmul_like(ast) -> bool:
+    """A kernel with one sum whose operand is a product (the ones that must be staged)."""
+    reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
+    x = reduces[0].src[0] if len(reduces) == 1 else None
+    while x is not None and x.op is Ops.CAST:
+        x = x.src[0]
+    return x is not None and x.op is Ops.MUL
+
+
+@pytest.mark.parametrize(
+    ("what", "build"),
+    [
+        ("matmul_fp16", lambda: _matmul(dtypes.float16)),
+        ("matmul_bf16", lambda: _matmul(dtypes.bfloat16)),
+        ("matmul_fp32", lambda: _matmul(dtypes.float32)),
+        ("conv_fp16", lambda: _conv_passes(dtypes.float16)),
+        ("conv_fp32", lambda: _conv_passes(dtypes.float32)),
+    ],
+)
+def test_default_staged_kernels_compile_without_spills(what: str, build) -> None:
+    # sm_80 and sm_90 get the same tensor cores, so the same source; each is compiled for both
+    assert TENSOR_CORES["sm_80"] == TENSOR_CORES["sm_90"]
+    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    staged = 0
+    for t in build():
+        for si in t.schedule():
+            if si.ast.op is not Ops.SINK or not _matmul_like(si.ast):
+                continue
+            spec = get_program(si.ast, renderer)
+            assert Opt(OptOps.STAGE) in spec.opts, f"{what}: {spec.name} is not staged: {spec.opts}"
+            if "fp32" not in what:
+                assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
+            if "matmul" in what and "fp32" not in what:
+                # whole 16-byte rows of both operands: copied by cp.async in a two-stage pipeline
+                assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
+            for arch in ("sm_80", "sm_90"):
+                log = nvrtc_compile(spec.src, arch, spec.name, options=("--ptxas-options=-v",)).log
+                found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+                registers = re.search(r"Used (\d+) registers", log)
+                assert found is not None and registers is not None, f"no ptxas report in NVRTC's log:\n{log}"
+                assert found.groups() == ("0", "0"), f"{what}: {spec.name} spills on {arch}:\n{log}"
+                assert int(registers.group(1)) <= 255
+            staged += 1
+    assert staged >= (3 if "conv" in what else 1)
+
+
+def test_asynchronous_copies_start_at_ampere() -> None:
+    assert CUDARenderer("sm_80").has_async_copy and CUDARenderer("sm_90").has_async_copy
+    assert not CUDARenderer("sm_75").has_async_copy
