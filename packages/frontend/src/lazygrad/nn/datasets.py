@@ -188,6 +188,7 @@ class _ArraysOnly(pickle.Unpickler):
         ("numpy", "dtype"),
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
+        ("_codecs", "encode"),  # how protocol 2 pickles written by Python 3 store an array's bytes
     }
 
     def find_class(self, module: str, name: str) -> object:
