@@ -10,14 +10,20 @@ import sys
 from typing import TextIO
 
 from lazygrad_uop.device import TensorCore
+from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.registry import Device, DeviceInfo
 
 __all__ = ["describe", "main"]
 
 
+def _dtype_name(dt: DType) -> str:
+    """The name users write (float16, bfloat16), not the C type a renderer writes (half, __bf16)."""
+    return next((name for name, d in dtypes.fields().items() if d == dt), dt.name)
+
+
 def _core(tc: TensorCore) -> str:
     n, m, k = tc.dims
-    return f"{m}x{n}x{k} {tc.dtype_in.name}->{tc.dtype_out.name}"
+    return f"{m}x{n}x{k} {_dtype_name(tc.dtype_in)}->{_dtype_name(tc.dtype_out)}"
 
 
 def describe(info: DeviceInfo) -> list[str]:

@@ -479,8 +479,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         )
         if not grads:
             raise RuntimeError(
-                "backward() reached no tensor to differentiate: set requires_grad=True on the inputs (an optimizer "
-                "sets it on its parameters) before computing the loss from them"
+                "backward() reached no tensor with requires_grad=True, nor data left at requires_grad=None: set it on "
+                "the inputs to differentiate (an optimizer sets it on its parameters) before computing the loss"
             )
         for t in leaves:
             if (g := grads.get(t.uop)) is not None:
