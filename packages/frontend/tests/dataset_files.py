@@ -80,7 +80,7 @@ def serve(folder: Path) -> Iterator[tuple[str, list[str]]]:
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, directory=str(folder), **kwargs)
 
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        def do_GET(self) -> None:
             requests.append(self.path)
             super().do_GET()
 
