@@ -308,9 +308,9 @@ class MovementMixin:
         if size > self.shape[d] or size < 0 or step <= 0:
             raise InputError(f"unfold of size {size}, step {step} doesn't fit dimension {d} of size {self.shape[d]}")
         if size == 0:
-            # (n // step + 1) empty windows, as torch: there is nothing to read
+            # (n // step + 1) empty windows, as torch: nothing to read, but still a view of self (for autograd)
             shape = (*self.shape[:d], self.shape[d] // step + 1, *self.shape[d + 1 :], 0)
-            return type(self).full(shape, 0, dtype=self.dtype, device=self.device)
+            return self.shrink(tuple((0, 0) if i == d else None for i in range(self.ndim))).reshape(shape)
         return self.movedim(d, -1)._pool((size,), (step,), (1,)).movedim(-2, d)
 
     @concrete_sizes("rearrange")
@@ -423,8 +423,16 @@ class MovementMixin:
         if not before and not after:
             return x
         n = x.shape[d]
+        if mode == "circular" and n and max(before, after) > n:
+            # wraps around more than once: the periodic extension, from enough copies of x side by side
+            reps = -(-max(before, after) // n)
+            tiled = x.repeat(*(reps if i == d else 1 for i in range(x.ndim)))
+            m = tiled.shape[d]
+            left = tiled.shrink(tuple((m - before, m) if i == d else None for i in range(x.ndim)))
+            right = tiled.shrink(tuple((0, after) if i == d else None for i in range(x.ndim)))
+            return left.cat(x, right, dim=d)
         limit = n - 1 if mode == "reflect" else n
-        if mode != "replicate" and (before > limit or after > limit):
+        if mode == "reflect" and (before > limit or after > limit):
             raise InputError(
                 f"{mode} padding of ({before}, {after}) is too large for dimension {d} of size {n}: "
                 f"it can be at most {limit}"
