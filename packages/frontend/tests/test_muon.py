@@ -103,15 +103,15 @@ def test_matches_torch_and_the_update_in_float64(kw: dict) -> None:
         np.testing.assert_allclose(mine, want, rtol=1e-4, atol=1e-5)
 
 
-def test_conv_weights_are_orthogonalized_as_matrices() -> None:
-    shapes = [(3, 2, 2, 2)]
-    got = run_lazygrad(shapes, lr=0.02, ns_steps=3, ns_params=(3.0, -3.2, 1.2))
-    for mine, want in zip(got, run_numpy(shapes, lr=0.02, ns_steps=3, coefficients=(3.0, -3.2, 1.2))):
+@pytest.mark.parametrize("shape", [(3, 2, 2, 2), (5,)])
+def test_conv_weights_and_biases_are_orthogonalized_as_matrices(shape: tuple[int, ...]) -> None:
+    got = run_lazygrad([shape], lr=0.02, ns_steps=3, ns_params=(3.0, -3.2, 1.2))
+    for mine, want in zip(got, run_numpy([shape], lr=0.02, ns_steps=3, coefficients=(3.0, -3.2, 1.2))):
         np.testing.assert_allclose(mine, want, rtol=1e-4, atol=1e-5)
 
 
 def test_errors() -> None:
-    with pytest.raises(InputError, match="AdamW"):
-        Muon([Tensor.ones(3, 3), Tensor.ones(3)])
     with pytest.raises(InputError, match="adjust_lr_fn"):
         Muon([Tensor.ones(3, 3)], adjust_lr_fn="bogus")
+    with pytest.raises(InputError, match="ns_steps"):
+        Muon([Tensor.ones(3, 3)], ns_steps=100)

@@ -471,8 +471,14 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         live = [t for t in list(_all_tensors) if t.uop in graph]
         leaves = [t for t in live if t.requires_grad]
         if not leaves:
+            # data: float tensors of buffers that hold no computed result (autograd goes through those to their graph)
             leaves = [
-                t for t in live if t.requires_grad is None and dtypes.is_float(t.dtype) and is_view_of_leaf(t.uop)
+                t
+                for t in live
+                if t.requires_grad is None
+                and dtypes.is_float(t.dtype)
+                and is_view_of_leaf(t.uop)
+                and t.uop not in realized_graphs.mapping
             ]
         grads = compute_gradient(
             self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves}, realized_graphs.mapping

@@ -250,8 +250,9 @@ class Muon(Optimizer):
     then p *= 1 - lr * weight_decay and p -= lr * sqrt(max(1, rows / cols)) * X ("original"), or
     lr * 0.2 * sqrt(max(rows, cols)) * X ("match_rms_adamw").
 
-    Parameters must have at least two dimensions; one of more (a conv weight) is treated as the matrix (its first
-    dimension x the rest). Give biases and embeddings to another optimizer (`OptimizerGroup` steps both as one).
+    A parameter is orthogonalized as the matrix (first dimension) x (the rest): a conv weight as (out, in * kh * kw),
+    a bias as a column, as tinygrad's Muon does (torch's accepts matrices only; biases are usually better given to
+    AdamW, and `OptimizerGroup` steps both as one).
     The iteration runs in float32 (torch's in bfloat16), so results agree with torch to bfloat16 precision.
     `ns_params` is tinygrad's name for `ns_coefficients`.
     """
@@ -275,12 +276,6 @@ class Muon(Optimizer):
         if not 0 <= ns_steps < 100:
             raise InputError(f"ns_steps must be in [0, 100), got {ns_steps}")
         super().__init__(params, lr)
-        flat = [p for p in self.params if p.ndim < 2]
-        if flat:
-            raise InputError(
-                f"Muon orthogonalizes matrices, but got parameters of shapes {[p.shape for p in flat]}; give biases "
-                "and other 1-d parameters to AdamW (nn.optim.OptimizerGroup steps both optimizers as one)"
-            )
         self.weight_decay, self.momentum, self.nesterov = weight_decay, momentum, nesterov
         self.coefficients = ns_params if ns_params is not None else ns_coefficients
         self.eps, self.ns_steps, self.adjust_lr_fn = eps, ns_steps, adjust_lr_fn
@@ -302,7 +297,7 @@ class Muon(Optimizer):
             g = g.detach().float()
             buf.assign(self.momentum * buf + (1.0 - self.momentum) * g)
             u = (1.0 - self.momentum) * g + self.momentum * buf if self.nesterov else buf
-            rows, cols = p.shape[0], math.prod(p.shape[1:])
+            rows, cols = (p.shape[0], math.prod(p.shape[1:])) if p.ndim else (1, 1)
             ortho = self._orthogonalized(u.reshape(rows, cols)).reshape(p.shape)
             if self.adjust_lr_fn == "match_rms_adamw":
                 scale = 0.2 * math.sqrt(max(rows, cols))
