@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lazygrad import Tensor, dtypes
+from lazygrad import Device, Tensor, dtypes
 
 sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
 from torch_reference import compare, rand
@@ -179,6 +179,11 @@ def test_creation_takes_requires_grad(name: str) -> None:
     (tx * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
     assert make(requires_grad=False).requires_grad is False and make().requires_grad is None
+    # torch's other common keywords: the PYTHON device (cheap to start) where it is installed, else the default
+    dev = "PYTHON" if "PYTHON" in Device.installed() and Device.usable("PYTHON") is None else Device.DEFAULT
+    made = make(dtype=dtypes.float64, device=dev)
+    assert made.dtype == dtypes.float64 and made.device == dev
+    np.testing.assert_allclose(made.numpy(), tx.detach().numpy())
 
 
 # *** exceptions: what torch raises for the same mistake catches ours, and so does Python's usual class ***

@@ -544,9 +544,7 @@ class IndexingMixin:
             if size < 0:
                 raise InputError(f"size must be non-negative, got {size}")
             if self.ndim == 0 or self.numel() == 0:
-                return type(self).full(
-                    (size, self.ndim), fill_value if self.ndim else 0, dtype=dtypes.int64, device=self.device
-                )
+                return type(self).full((size, self.ndim), fill_value, dtype=dtypes.int64, device=self.device)
             flat = type(self).arange(self.numel(), dtype=dtypes.int64, device=self.device)
             first = flat._first_selected(self.flatten().ne(0), size, -1)
             strides = [math.prod(self.shape[d + 1 :]) for d in range(self.ndim)]

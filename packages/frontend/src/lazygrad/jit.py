@@ -215,11 +215,8 @@ class CapturedJit:
             if updates:
                 step.graph.update(updates)
             elapsed = step.graph(wait=wait)
-            GlobalCounters.add(
-                len(step.items),
-                *map(sum, zip(*(ei.cost({**ei.var_vals, **var_vals}) for _, ei in step.items))),
-                elapsed,
-            )
+            costs = [ei.cost({**ei.var_vals, **var_vals}) for _, ei in step.items]
+            GlobalCounters.add(len(costs), sum(c[0] for c in costs), sum(c[1] for c in costs), elapsed)
             if wait and elapsed is not None:
                 report_graph(type(step.graph).__name__, step.graph.device.device, len(step.items), elapsed)
 

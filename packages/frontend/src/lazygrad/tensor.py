@@ -322,17 +322,17 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         vals = np.where(i < steps // 2, start + step * i, stop - step * (steps - 1 - i))
         return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
 
-    def full_like(self, fill_value: Any, dtype: DType | str | None = None) -> Tensor:
-        """A tensor of this shape and device filled with `fill_value`."""
-        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=self.device)
+    def full_like(self, fill_value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor of this shape (and dtype and device, unless given) filled with `fill_value`."""
+        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device)
 
-    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
+    def zeros_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Zeros of this shape."""
-        return self.full_like(0, dtype)
+        return self.full_like(0, dtype, device)
 
-    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
+    def ones_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Ones of this shape."""
-        return self.full_like(1, dtype)
+        return self.full_like(1, dtype, device)
 
     # *** realization ***
 
@@ -449,8 +449,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
                 out.append(t.zeros_like())
             else:
                 raise RuntimeError(
-                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach, "
-                    "non-differentiable ops, or a realized tensor: realizing keeps the graph for autograd only where "
+                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach or a "
+                    "realized tensor: realizing keeps the graph for autograd only where "
                     "it reaches a tensor with requires_grad=True, so set that on the target before computing); pass "
                     "materialize_grads=True to get zeros for it"
                 )
