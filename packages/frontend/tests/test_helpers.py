@@ -86,6 +86,13 @@ def test_global_counters_count_kernels_ops_and_bytes() -> None:
     assert (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem) == (0, 0, 0)
 
 
+def test_global_counters_mem_used_follows_allocations() -> None:
+    before = GlobalCounters.mem_used
+    t = Tensor(np.zeros(4096, dtype=np.float32)).realize()
+    assert GlobalCounters.mem_used - before >= 4096 * 4
+    del t
+
+
 def test_global_counters_time_kernels_when_timed() -> None:
     x = Tensor(np.ones((64, 64), dtype=np.float32)).realize()
     GlobalCounters.reset()

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from lazygrad_uop.device import MemoryUse
 
-class GlobalCounters:
+
+class _WithMemoryUse(type):
+    @property
+    def mem_used(cls) -> int:
+        """Bytes of device memory that buffers hold now, on all devices (`lazygrad_uop.device.MemoryUse`)."""
+        return sum(MemoryUse.used.values())
+
+
+class GlobalCounters(metaclass=_WithMemoryUse):
     """Process-wide totals since the last `reset()`. `time_sum_s` adds the kernels' own run times, which the engine
-    measures only when it waits for each kernel (DEBUG>=2, or a caller that asks it to wait): waiting costs time."""
+    measures only when it waits for each kernel (DEBUG>=2, or a caller that asks it to wait): waiting costs time.
+    `GlobalCounters.mem_used` is the device memory held now (not reset)."""
 
     kernel_count: ClassVar[int] = 0
     global_ops: ClassVar[int] = 0
