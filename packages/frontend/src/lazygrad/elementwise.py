@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from lazygrad.errors import InputError, KindError
 from lazygrad_uop.dtype import DTypeError, dtypes, least_upper_float
 from lazygrad_uop.ops import Ops
 
@@ -92,7 +93,7 @@ class ElementwiseMixin:
             if isinstance(x, float):
                 return self.cast(least_upper_float(self.dtype)).pow(x)
             if x < 0:
-                raise ValueError(f"integer tensors can't be raised to the negative integer power {x}; cast to float")
+                raise InputError(f"integer tensors can't be raised to the negative integer power {x}; cast to float")
         if x == 0.5 and dtypes.is_float(self.dtype):
             return self.sqrt()
         base = self.cast(dtypes.int64) if dtypes.is_bool(self.dtype) else self
@@ -104,7 +105,10 @@ class ElementwiseMixin:
                 out = out * out if out is not None else None
                 if bit == "1":
                     out = base if out is None else out * base
-            out = out if out is not None else base.ones_like()
+            if out is None:
+                # x ** 0 is 1 everywhere (nan and inf too), but stays a function of x, so that autograd gives x a zero
+                # gradient, as torch does, instead of finding no dependence
+                out = base.ne(0).where(1, 1).cast(base.dtype)
             return out.reciprocal() if x < 0 else out
         if dtypes.is_int(base.dtype):
             # an uploaded exponent keeps _int_pow's bits data: a constant would fold into one long chain of MULs
@@ -124,7 +128,7 @@ class ElementwiseMixin:
     def _int_operands(self: Tensor, x: Any, what: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_float(a.dtype):
-            raise TypeError(f"{what} needs integer or bool tensors, got {a.dtype!r}")
+            raise KindError(f"{what} needs integer or bool tensors, got {a.dtype!r}")
         return a, b
 
     def bitwise_and(self: Tensor, x: Any) -> Tensor:
@@ -154,7 +158,7 @@ class ElementwiseMixin:
     def _shift(self: Tensor, x: Any, op: Ops, reverse: bool) -> Tensor:
         a, b = self._int_operands(x, "a shift", reverse)
         if dtypes.is_bool(a.dtype):
-            raise TypeError("shifts need integer tensors, got bool; cast to an integer type first")
+            raise KindError("shifts need integer tensors, got bool; cast to an integer type first")
         bits = 8 * a.dtype.itemsize
         shifted = a._alu(op, b)
         if isinstance(x, int) and not reverse and 0 <= x < bits:
@@ -239,6 +243,21 @@ class ElementwiseMixin:
         neg = b._sign_bit()
         return neg.where(-a.abs(), a.abs())
 
+    def fmod(self: Tensor, other: Any) -> Tensor:
+        """Remainder with the sign of the dividend (C's fmod, torch.fmod); `%` takes the divisor's sign instead.
+        Integer division by zero is undefined, as in C."""
+        a, b = self._broadcasted(other)
+        if dtypes.is_bool(a.dtype):
+            raise KindError("fmod of bool tensors is not supported; cast to an integer type first")
+        if not dtypes.is_float(a.dtype):
+            return a._alu(Ops.MOD, b)  # the integer MOD op truncates, as C's %
+        r = a - b * a.div(b).trunc()
+        # a * (1/b) can round across an integer quotient: one step of b (with a's sign) puts r back in [0, |b|)
+        sign = (a < 0).where(-1.0, 1.0).cast(a.dtype)
+        step = b.abs() * sign
+        r = (r * sign < 0).where(r + step, r)
+        return (r * sign >= step * sign).where(r - step, r)
+
     def _sign_bit(self: Tensor) -> Tensor:
         int_dt = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[self.dtype.itemsize]
         return self.bitcast(int_dt) < 0
@@ -248,7 +267,7 @@ class ElementwiseMixin:
     def clip(self: Tensor, min_: Any = None, max_: Any = None) -> Tensor:
         """Clamp into [min_, max_] (either may be None); where min_ > max_ the result is max_, as in torch."""
         if min_ is None and max_ is None:
-            raise ValueError("clip needs at least one of min_ and max_")
+            raise InputError("clip needs at least one of min_ and max_")
         out = self
         if min_ is not None:
             out = out.maximum(min_)
@@ -366,7 +385,7 @@ class ElementwiseMixin:
         if approximate == "tanh":
             return 0.5 * t * (1 + (math.sqrt(2 / math.pi) * (t + 0.044715 * t * t * t)).tanh())
         if approximate != "none":
-            raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+            raise InputError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
         return 0.5 * t * (1 + (t * (1 / math.sqrt(2))).erf())
 
     def quick_gelu(self: Tensor) -> Tensor:

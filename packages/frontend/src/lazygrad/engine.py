@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lazygrad.counters import GlobalCounters
 from lazygrad_codegen import ProgramSpec, get_program
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_scheduler.memory import plan_memory
@@ -129,16 +130,24 @@ class ExecItem:
                 b.allocate()
         vals = self.var_vals if not var_vals else {**self.var_vals, **var_vals}
         elapsed = self.runner(self.bufs, wait=wait or DEBUG >= 2, var_vals=vals)
+        GlobalCounters.add(1, *self.cost(vals), elapsed)
         if DEBUG >= 2 and elapsed is not None:
             self.report(elapsed, vals)
         return elapsed
+
+    def cost(self, var_vals: Mapping[UOp, int]) -> tuple[int, int]:
+        """(ALU operations, bytes moved) of one run with `var_vals`: a kernel's estimates, or a copy's bytes."""
+        r = self.runner
+        if isinstance(r, CompiledRunner):
+            est = r.spec.estimates
+            return sym_infer(est.ops, var_vals), sym_infer(est.mem, var_vals)
+        return 0, 2 * self.bufs[0].nbytes
 
     def report(self, seconds: float, var_vals: Mapping[UOp, int]) -> None:
         """Print the DEBUG=2 line of one run that took `seconds`."""
         r = self.runner
         if isinstance(r, CompiledRunner):
-            ops, mem = (sym_infer(x, var_vals) for x in (r.spec.estimates.ops, r.spec.estimates.mem))
-            _report(r.spec.name, self.bufs[0].device, seconds, ops, mem)
+            _report(r.spec.name, self.bufs[0].device, seconds, *self.cost(var_vals))
         else:
             dest, src = self.bufs[0], self.bufs[1]
             _report(f"copy {dest.nbytes} bytes {src.device} -> {dest.device}", dest.device, seconds, 0, 2 * dest.nbytes)

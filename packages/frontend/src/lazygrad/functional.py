@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lazygrad.errors import InputError, KindError
 from lazygrad.movement import concrete_sizes
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 
@@ -27,7 +28,7 @@ def _tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
         return (x,) * n
     t = tuple(int(v) for v in x)
     if len(t) != n:
-        raise ValueError(f"{what} needs {n} values (one per spatial dimension), got {t}")
+        raise InputError(f"{what} needs {n} values (one per spatial dimension), got {t}")
     return t
 
 
@@ -41,7 +42,7 @@ def _pads(padding: int | str | Sequence[int], k: tuple[int, ...], dilation: tupl
         total = [d * (kk - 1) for kk, d in zip(k, dilation)]
         return [[t // 2, t - t // 2] for t in total]
     if isinstance(padding, str):
-        raise ValueError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+        raise InputError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
     if isinstance(padding, int):
         return [[padding, padding] for _ in k]
     p = [int(v) for v in padding]
@@ -49,7 +50,7 @@ def _pads(padding: int | str | Sequence[int], k: tuple[int, ...], dilation: tupl
         return [[v, v] for v in p]
     if len(p) == 2 * n:
         return [[p[2 * i], p[2 * i + 1]] for i in range(n)][::-1]
-    raise ValueError(f"padding {tuple(p)} needs 1, {n} or {2 * n} values for {n} spatial dimensions")
+    raise InputError(f"padding {tuple(p)} needs 1, {n} or {2 * n} values for {n} spatial dimensions")
 
 
 def _reduce_loss(loss: Tensor, reduction: str, weight_sum: Tensor | None = None) -> Tensor:
@@ -59,7 +60,7 @@ def _reduce_loss(loss: Tensor, reduction: str, weight_sum: Tensor | None = None)
         return loss.sum()
     if reduction == "mean":
         return loss.sum() / weight_sum if weight_sum is not None else loss.mean()
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    raise InputError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 class FunctionalMixin:
@@ -75,7 +76,7 @@ class FunctionalMixin:
         lead, ins = self.shape[:-nd], self.shape[-nd:]
         outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
         if any(o <= 0 for o in outs):
-            raise ValueError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
+            raise InputError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
         keep = tuple((0, d) for d in lead)
         disjoint = all(kk <= s and d == 1 for kk, s, d in zip(k, stride, dilation))
         if disjoint:
@@ -121,7 +122,7 @@ class FunctionalMixin:
         dim, "same", "valid", or flat (left, right, top, bottom...). `dtype` is the accumulation/result type."""
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
-            raise ValueError(
+            raise InputError(
                 f"conv of input {self.shape} with weight {weight.shape}: need (N, C, *spatial) and "
                 f"(C_out, C_in/groups, *kernel) with the same number of spatial dims"
             )
@@ -129,13 +130,13 @@ class FunctionalMixin:
         cout, cin_g = weight.shape[:2]
         k = weight.shape[2:]
         if cin != groups * cin_g or cout % groups:
-            raise ValueError(
+            raise InputError(
                 f"conv of {cin} input channels in {groups} groups needs weight (C_out divisible by "
                 f"{groups}, {cin // max(groups, 1)}, ...), got {weight.shape}"
             )
         s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
         if padding == "same" and any(v != 1 for v in s):
-            raise ValueError("padding='same' needs stride 1, as in torch")
+            raise InputError("padding='same' needs stride 1, as in torch")
         pads = _pads(padding, k, d)
         x = self.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
         out = x.shape[2 : 2 + nd]
@@ -162,7 +163,7 @@ class FunctionalMixin:
     ) -> Tensor:
         """1-d convolution of (N, C_in, L) with weight (C_out, C_in/groups, K); see conv2d."""
         if weight.ndim != 3:
-            raise ValueError(f"conv1d needs a 3-d weight (C_out, C_in/groups, K), got {weight.shape}")
+            raise InputError(f"conv1d needs a 3-d weight (C_out, C_in/groups, K), got {weight.shape}")
         return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
 
     @concrete_sizes("conv3d")
@@ -178,7 +179,7 @@ class FunctionalMixin:
     ) -> Tensor:
         """3-d convolution of (N, C_in, D, H, W) with weight (C_out, C_in/groups, KD, KH, KW); see conv2d."""
         if weight.ndim != 5:
-            raise ValueError(f"conv3d needs a 5-d weight (C_out, C_in/groups, KD, KH, KW), got {weight.shape}")
+            raise InputError(f"conv3d needs a 5-d weight (C_out, C_in/groups, KD, KH, KW), got {weight.shape}")
         return self.conv2d(weight, bias, groups, stride, dilation, padding, dtype)
 
     @concrete_sizes("conv_transpose2d")
@@ -197,11 +198,11 @@ class FunctionalMixin:
         convolution of the input spread out by the stride, with the kernel flipped."""
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
-            raise ValueError(f"conv_transpose of input {self.shape} with weight {weight.shape}: spatial dims differ")
+            raise InputError(f"conv_transpose of input {self.shape} with weight {weight.shape}: spatial dims differ")
         cin, cout_g = weight.shape[:2]
         k = weight.shape[2:]
         if cin != self.shape[1] or cin % groups:
-            raise ValueError(
+            raise InputError(
                 f"conv_transpose weight {weight.shape} doesn't fit {self.shape[1]} channels in {groups} groups"
             )
         s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
@@ -232,7 +233,7 @@ class FunctionalMixin:
         k = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
         nd = len(k)
         if self.ndim < nd:
-            raise ValueError(f"a {nd}-d pool needs at least {nd} dimensions, got shape {self.shape}")
+            raise InputError(f"a {nd}-d pool needs at least {nd} dimensions, got shape {self.shape}")
         s = k if stride is None else _tuple(stride, nd, "stride")
         d = _tuple(dilation, nd, "dilation")
         pads = _pads(padding, k, d)
@@ -344,7 +345,7 @@ class FunctionalMixin:
         """Resize the last len(size) dims to `size` (or by `scale_factor`) with mode "nearest", "nearest-exact"
         or "linear" (also "bilinear"/"trilinear": linear in every resized dim), source coordinates as in torch."""
         if (size is None) == (scale_factor is None):
-            raise ValueError("interpolate needs exactly one of size and scale_factor")
+            raise InputError("interpolate needs exactly one of size and scale_factor")
         if size is None:
             assert scale_factor is not None
             sf = [scale_factor] * (self.ndim - 2) if isinstance(scale_factor, (int, float)) else list(scale_factor)
@@ -353,7 +354,7 @@ class FunctionalMixin:
         if mode in ("bilinear", "trilinear"):
             mode = "linear"
         if mode not in ("nearest", "nearest-exact", "linear"):
-            raise ValueError(f"interpolate mode must be 'nearest', 'nearest-exact' or 'linear', got {mode!r}")
+            raise InputError(f"interpolate mode must be 'nearest', 'nearest-exact' or 'linear', got {mode!r}")
         x = self if mode != "linear" else self.cast(least_upper_float(self.dtype))
         for i, out in enumerate(size):
             ax = self.ndim - len(size) + i
@@ -417,12 +418,27 @@ class FunctionalMixin:
         torch.nn.functional.group_norm."""
         n, c = self.shape[:2]
         if c % num_groups:
-            raise ValueError(f"group norm of {c} channels in {num_groups} groups: {c} isn't divisible")
+            raise InputError(f"group norm of {c} channels in {num_groups} groups: {c} isn't divisible")
         x = self.reshape(n, num_groups, -1).layernorm(-1, eps).reshape(self.shape)
         shape = (1, c, *(1,) * (self.ndim - 2))
         if weight is not None:
             x = x * weight.reshape(shape)
         return x + bias.reshape(shape) if bias is not None else x
+
+    def normalize(self: Tensor, p: float = 2.0, dim: int | Sequence[int] = 1, eps: float = 1e-12) -> Tensor:
+        """x / max(||x||_p, eps) with the p-norm over `dim`, as torch.nn.functional.normalize (p may be inf)."""
+        x = self.cast(least_upper_float(self.dtype))
+        if p == math.inf:
+            norm = x.abs().max(dim, keepdim=True)
+        elif p == 2:
+            norm = x.square().sum(dim, keepdim=True).sqrt()
+        elif p == 1:
+            norm = x.abs().sum(dim, keepdim=True)
+        elif p > 0:
+            norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1.0 / p)
+        else:
+            raise InputError(f"normalize needs a positive p (or inf), got {p}")
+        return x / norm.maximum(eps)
 
     def rmsnorm(self: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-6) -> Tensor:
         """x / sqrt(mean(x**2) + eps) over `axis`, without a weight."""
@@ -444,7 +460,7 @@ class FunctionalMixin:
         """In training (`Tensor.training`), zero each element with probability p and scale the rest by
         1/(1-p); the identity otherwise."""
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+            raise InputError(f"dropout probability must be in [0, 1], got {p}")
         if not type(self).training or p == 0:
             return self
         if p == 1:
@@ -455,7 +471,7 @@ class FunctionalMixin:
     def embedding(self: Tensor, weight: Tensor) -> Tensor:
         """The rows of `weight` (num, dim) at this integer tensor's values: weight[self]."""
         if not dtypes.is_int(self.dtype):
-            raise TypeError(f"embedding needs integer indices, got {self.dtype!r}")
+            raise KindError(f"embedding needs integer indices, got {self.dtype!r}")
         return weight[self]
 
     def scaled_dot_product_attention(
@@ -471,7 +487,7 @@ class FunctionalMixin:
         """softmax(self @ key^T * scale + mask) @ value, as torch's: a bool mask keeps where true, a float mask is
         added; is_causal masks out keys after each query; enable_gqa repeats key/value heads to the query's."""
         if is_causal and attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention takes is_causal or attn_mask, not both")
+            raise InputError("scaled_dot_product_attention takes is_causal or attn_mask, not both")
         if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
             rep = self.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)

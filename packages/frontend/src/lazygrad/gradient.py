@@ -207,6 +207,11 @@ def graph_nodes(root: UOp, origins: Mapping[UOp, UOp | None] | None = None) -> s
     return set(_walk(root, origins or {}))
 
 
+def depends_on(root: UOp, target: UOp, origins: Mapping[UOp, UOp | None] | None = None) -> bool:
+    """Whether `root` is computed from `target` other than through DETACH (through non-differentiable ops too)."""
+    return any(u is root for u in _on_path(root, {target}, origins or {}))
+
+
 def compute_gradient(
     root: UOp, root_grad: UOp, targets: set[UOp], origins: Mapping[UOp, UOp | None] | None = None
 ) -> dict[UOp, UOp]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.movement import always_le, concrete_sizes, show_sizes, symbolic_bounds
 from lazygrad_scheduler.kernelize import view_base
 from lazygrad_uop.dtype import DType, dtypes
@@ -41,6 +42,15 @@ def _slice_length(start: Any, stop: Any, step: int) -> Any:
     if isinstance(start, UOp) or isinstance(stop, UOp):
         return (stop - start).ssimplify()
     return len(range(start, stop, step))
+
+
+def _sequence_as_tuple(index: list) -> bool:
+    """Whether a list index means a tuple of indices, by PyTorch's (and older numpy's) rule: a short list holding a
+    slice, None, ..., a tensor or another sequence does (`t[[a, b]]` is `t[a, b]`, `t[[(0,), (1,)]]` is
+    `t[(0,), (1,)]`); a list of plain ints is one integer index."""
+    return len(index) < 32 and any(
+        i is None or i is Ellipsis or isinstance(i, (slice, list, tuple)) or hasattr(i, "uop") for i in index
+    )
 
 
 def _is_int_tensor(t: Tensor) -> bool:
@@ -86,19 +96,21 @@ class IndexingMixin:
         if t.device != self.device:
             t = t.to(self.device)
         if not (dtypes.is_int(t.dtype) or dtypes.is_bool(t.dtype)):
-            raise IndexError(f"tensors used as indices must be integer or bool tensors, got {t.dtype!r}")
+            raise RangeError(f"tensors used as indices must be integer or bool tensors, got {t.dtype!r}")
         return t
 
     def _parse_index(self: Tensor, index: Any) -> list[_Entry]:
         """The index as a list of entries, one per dimension it touches, Ellipsis expanded and bool tensors turned
         into integer tensors (one per dimension they cover)."""
-        if isinstance(index, list) or isinstance(index, (type(self), np.ndarray)):
+        if isinstance(index, list) and _sequence_as_tuple(index):
+            index = tuple(index)
+        elif isinstance(index, list) or isinstance(index, (type(self), np.ndarray)):
             index = (index,)
         elif not isinstance(index, tuple):
             index = (index,)
         items: list[Any] = []
         for i in index:
-            if isinstance(i, (list, np.ndarray, type(self))) and not (isinstance(i, np.ndarray) and i.ndim == 0):
+            if isinstance(i, (list, tuple, np.ndarray, type(self))) and not (isinstance(i, np.ndarray) and i.ndim == 0):
                 items.append(self._as_index_tensor(i))
             elif isinstance(i, (bool, np.bool_)):
                 items.append(bool(i))
@@ -109,12 +121,12 @@ class IndexingMixin:
             elif i is None or i is Ellipsis or isinstance(i, slice):
                 items.append(i)
             else:
-                raise IndexError(
+                raise RangeError(
                     f"index {i!r} of type {type(i).__name__} is not supported: use ints, slices, None, ..., "
                     "or integer/bool tensors, lists or arrays"
                 )
         if sum(i is Ellipsis for i in items) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
+            raise RangeError("an index can only have a single ellipsis ('...')")
 
         def consumed(i: Any) -> int:
             if isinstance(i, type(self)):
@@ -123,7 +135,7 @@ class IndexingMixin:
 
         n_used = sum(consumed(i) for i in items)
         if n_used > self.ndim:
-            raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions: the index covers {n_used}")
+            raise RangeError(f"too many indices for a tensor of {self.ndim} dimensions: the index covers {n_used}")
         fill = [slice(None)] * (self.ndim - n_used)
         ellipsis = [k for k, i in enumerate(items) if i is Ellipsis]  # `in` would compare tensors elementwise
         if ellipsis:
@@ -147,7 +159,7 @@ class IndexingMixin:
             elif dtypes.is_bool(i.dtype):
                 covered = self.shape[dim : dim + i.ndim]
                 if i.shape != covered:
-                    raise IndexError(
+                    raise RangeError(
                         f"boolean index of shape {i.shape} doesn't match the indexed dimensions {covered} "
                         f"(dimensions {dim}..{dim + i.ndim - 1})"
                     )
@@ -169,7 +181,7 @@ class IndexingMixin:
         if not any(isinstance(p, UOp) for p in (s.start, s.stop, s.step, size)):
             return s.indices(size)
         if s.step is not None and s.step != 1:
-            raise IndexError(
+            raise RangeError(
                 f"slice {show_sizes((s.start, s.stop, s.step))} of dimension {dim} (size {show_sizes(size)}) has a "
                 "symbolic bound or size, which needs step 1"
             )
@@ -181,7 +193,7 @@ class IndexingMixin:
 
         start, stop = bound(s.start, 0), bound(s.stop, size)
         if not (always_le(0, start) and always_le(start, stop) and always_le(stop, size)):
-            raise IndexError(
+            raise RangeError(
                 f"slice [{show_sizes(s.start)}:{show_sizes(s.stop)}] of dimension {dim} (size {show_sizes(size)}) "
                 f"leaves [0, size] for some values in its variables' bounds ({symbolic_bounds(start, stop, size)}); "
                 "a symbolic slice is not clamped, so narrow the bounds so that 0 <= start <= stop <= size"
@@ -194,11 +206,11 @@ class IndexingMixin:
         size = self.shape[dim]
         if isinstance(i, int) and isinstance(size, int):
             if not -size <= i < size:
-                raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+                raise RangeError(f"index {i} is out of bounds for dimension {dim} with size {size}")
             return i % size
         pos = i + size if isinstance(i, int) and i < 0 else i
         if not (always_le(0, pos) and always_le(pos + 1, size)):
-            raise IndexError(
+            raise RangeError(
                 f"index {show_sizes(i)} of dimension {dim} (size {show_sizes(size)}) is out of bounds for some values "
                 f"in its variables' bounds ({symbolic_bounds(pos, size)}); narrow the bounds"
             )
@@ -341,7 +353,7 @@ class IndexingMixin:
         try:
             return v._broadcast_to(shape)
         except ValueError:
-            raise ValueError(f"can't assign a value of shape {v.shape} to an index of shape {shape}") from None
+            raise InputError(f"can't assign a value of shape {v.shape} to an index of shape {shape}") from None
 
     def _unslice_dim(self: Tensor, dim: int, start: int, stop: int, step: int, size: int) -> Tensor:
         """The inverse of `_slice_dim`: this tensor placed at the sliced positions of a dimension of `size`, zeros
@@ -403,13 +415,13 @@ class IndexingMixin:
 
         d = _axis(dim, self.ndim)
         if not _is_int_tensor(index):
-            raise IndexError(f"{what} needs an integer index tensor, got {index.dtype!r}")
+            raise RangeError(f"{what} needs an integer index tensor, got {index.dtype!r}")
         if index.ndim != self.ndim:
-            raise ValueError(
+            raise InputError(
                 f"{what} needs an index with as many dimensions as the tensor ({self.ndim}), got {index.ndim}"
             )
         if any(i > s for k, (i, s) in enumerate(zip(index.shape, self.shape)) if k != d):
-            raise ValueError(f"{what} index of shape {index.shape} is larger than the tensor {self.shape} off dim {d}")
+            raise InputError(f"{what} index of shape {index.shape} is larger than the tensor {self.shape} off dim {d}")
         return d
 
     @concrete_sizes("gather")
@@ -429,7 +441,7 @@ class IndexingMixin:
         hits = index._onehot_along(n, selecting=False)
         if isinstance(src, type(self)):
             if src.ndim != self.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
-                raise ValueError(f"scatter source of shape {src.shape} is smaller than the index {index.shape}")
+                raise InputError(f"scatter source of shape {src.shape} is smaller than the index {index.shape}")
             vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype)
         else:
             vals = self._const_like(src)._broadcast_to(index.shape)
@@ -448,7 +460,7 @@ class IndexingMixin:
         d = self._check_index_shape(dim, index, "scatter")
         if reduce is not None:
             if reduce not in ("add", "multiply"):
-                raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+                raise InputError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
             return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
         hits, vals, written = self._scatter_parts(d, index, src)
         order = type(self).arange(index.shape[d], device=self.device)
@@ -489,16 +501,33 @@ class IndexingMixin:
             if include_self:
                 out = out.maximum(self) if reduce == "amax" else out.minimum(self)
         else:
-            raise ValueError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+            raise InputError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
         return written.where(out.cast(dt), self)
 
     # *** selections with data-dependent shapes and one-hot ***
 
     @concrete_sizes("masked_select")
-    def masked_select(self: Tensor, mask: Tensor) -> Tensor:
-        """The elements where `mask` (broadcast with self) is true, as a 1-d tensor (reads the mask back)."""
+    def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: Any = 0) -> Tensor:
+        """The elements where `mask` (broadcast with self) is true, as a 1-d tensor. Without `size` that reads the
+        mask back (the length depends on it); with `size` nothing is read: the first `size` selected elements, then
+        `fill_value` up to `size` (JAX's `size=` argument), so the result can stay lazy and inside a TinyJit."""
         x, m = self._broadcasted_pair(mask)
-        return x.flatten()[m.flatten()]
+        if size is None:
+            return x.flatten()[m.flatten()]
+        return x.flatten()._first_selected(m.flatten(), size, fill_value)
+
+    def _first_selected(self: Tensor, m: Tensor, size: int, fill_value: Any) -> Tensor:
+        """Of 1-d self, the elements where 1-d bool `m` is true, in order, as (size,): each output k sums the one
+        element whose running count of true values is k + 1 (an (size, n) comparison, no data-dependent shape)."""
+        if size < 0:
+            raise InputError(f"size must be non-negative, got {size}")
+        n = self.shape[0]
+        rank = m.cast(dtypes.int32).cumsum().cast(dtypes.int32) - 1  # position of each selected element
+        k = type(self).arange(size, dtype=dtypes.int32, device=self.device).reshape(size, 1)
+        hit = m.reshape(1, n).logical_and(rank.reshape(1, n).eq(k))
+        found = hit.any(-1)
+        picked = hit.where(self.reshape(1, n), 0).sum(-1).cast(self.dtype)
+        return found.where(picked, type(self)(fill_value, device=self.device, dtype=self.dtype))
 
     def _broadcasted_pair(self: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         from lazygrad.tensor import _broadcast_shape
@@ -507,8 +536,20 @@ class IndexingMixin:
         return self._broadcast_to(shape), mask.bool()._broadcast_to(shape)
 
     @concrete_sizes("nonzero")
-    def nonzero(self: Tensor) -> Tensor:
-        """The indices of the nonzero elements, shape (count, ndim), int64 (reads the values back)."""
+    def nonzero(self: Tensor, size: int | None = None, fill_value: int = 0) -> Tensor:
+        """The indices of the nonzero elements, shape (count, ndim), int64. Without `size` that reads the values back;
+        with `size` the shape is (size, ndim): the first `size` indices, then rows of `fill_value` (JAX's `size=`),
+        computed lazily."""
+        if size is not None:
+            if size < 0:
+                raise InputError(f"size must be non-negative, got {size}")
+            if self.ndim == 0 or self.numel() == 0:
+                return type(self).full((size, self.ndim), fill_value, dtype=dtypes.int64, device=self.device)
+            flat = type(self).arange(self.numel(), dtype=dtypes.int64, device=self.device)
+            first = flat._first_selected(self.flatten().ne(0), size, -1)
+            strides = [math.prod(self.shape[d + 1 :]) for d in range(self.ndim)]
+            out = type(self).stack(*((first // strides[d]) % self.shape[d] for d in range(self.ndim)), dim=-1)
+            return (first.reshape(size, 1) < 0).where(fill_value, out)
         pos = np.stack(np.nonzero(self.numpy()), axis=-1) if self.ndim else np.zeros((int(self.item() != 0), 0))
         return type(self)(pos.astype(np.int64).reshape(-1, self.ndim), device=self.device)
 
@@ -516,7 +557,7 @@ class IndexingMixin:
         """One-hot int64 vectors of an integer tensor's values in a new last dimension (num_classes=-1: the largest
         value + 1, which reads the values back)."""
         if not _is_int_tensor(self):
-            raise TypeError(f"one_hot needs an integer tensor, got {self.dtype!r}")
+            raise KindError(f"one_hot needs an integer tensor, got {self.dtype!r}")
         if num_classes == -1:
             num_classes = int(self.max().item()) + 1 if self.numel() else 0
         arange = type(self).arange(num_classes, dtype=self.dtype, device=self.device)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from lazygrad.counters import GlobalCounters
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
 from lazygrad.tensor import Tensor, _all_tensors
@@ -214,6 +215,8 @@ class CapturedJit:
             if updates:
                 step.graph.update(updates)
             elapsed = step.graph(wait=wait)
+            costs = [ei.cost({**ei.var_vals, **var_vals}) for _, ei in step.items]
+            GlobalCounters.add(len(costs), sum(c[0] for c in costs), sum(c[1] for c in costs), elapsed)
             if wait and elapsed is not None:
                 report_graph(type(step.graph).__name__, step.graph.device.device, len(step.items), elapsed)
 

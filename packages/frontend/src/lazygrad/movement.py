@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lazygrad.errors import InputError, RangeError, UnknownModeError
 from lazygrad_uop.dtype import dtypes, least_upper_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -21,7 +22,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
+        raise RangeError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
 
 
@@ -90,11 +91,11 @@ def _groups(side: str) -> list[str | list[str]]:
     for tok in side.replace("(", " ( ").replace(")", " ) ").split():
         if tok == "(":
             if group is not None:
-                raise ValueError(f"rearrange groups can't nest: {side!r}")
+                raise InputError(f"rearrange groups can't nest: {side!r}")
             group = []
         elif tok == ")":
             if group is None:
-                raise ValueError(f"unbalanced ')' in rearrange pattern {side!r}")
+                raise InputError(f"unbalanced ')' in rearrange pattern {side!r}")
             out.append(group)
             group = None
         elif group is not None:
@@ -102,7 +103,7 @@ def _groups(side: str) -> list[str | list[str]]:
         else:
             out.append(tok)
     if group is not None:
-        raise ValueError(f"unbalanced '(' in rearrange pattern {side!r}")
+        raise InputError(f"unbalanced '(' in rearrange pattern {side!r}")
     return out
 
 
@@ -137,13 +138,13 @@ class MovementMixin:
         """The tensors joined along `dim` (types promoted as in torch.cat); `Tensor.cat([a, b])` works too."""
         ts = _tensors(self, others)
         if not ts:
-            raise ValueError("cat needs at least one tensor")
+            raise InputError("cat needs at least one tensor")
         first = ts[0]
         d = _axis(dim, first.ndim)
         dt = least_upper_dtype(*(t.dtype for t in ts))
         for t in ts:
             if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != d):
-                raise ValueError(f"cat needs equal shapes except in dimension {d}, got {[t.shape for t in ts]}")
+                raise InputError(f"cat needs equal shapes except in dimension {d}, got {[t.shape for t in ts]}")
         ts = [t.cast(dt) for t in ts]
         if len(ts) == 1:
             return ts[0]
@@ -163,9 +164,9 @@ class MovementMixin:
         """The tensors (of one shape) stacked along a new dimension `dim`; `Tensor.stack([a, b])` works too."""
         ts = _tensors(self, others)
         if not ts:
-            raise ValueError("stack needs at least one tensor")
+            raise InputError("stack needs at least one tensor")
         if any(t.shape != ts[0].shape for t in ts):
-            raise ValueError(f"stack needs tensors of one shape, got {[t.shape for t in ts]}")
+            raise InputError(f"stack needs tensors of one shape, got {[t.shape for t in ts]}")
         d = _axis(dim, ts[0].ndim + 1)
         return ts[0].unsqueeze(d).cat(*(t.unsqueeze(d) for t in ts[1:]), dim=d)
 
@@ -176,10 +177,10 @@ class MovementMixin:
         n = self.shape[d]
         if isinstance(sizes, int):
             if sizes <= 0:
-                raise ValueError(f"split size must be positive, got {sizes}")
+                raise InputError(f"split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
         if sum(sizes) != n:
-            raise ValueError(f"split sizes {list(sizes)} don't add up to dimension {d}'s size {n}")
+            raise InputError(f"split sizes {list(sizes)} don't add up to dimension {d}'s size {n}")
         out, start = [], 0
         for s in sizes:
             box: list[tuple[int, int] | None] = [None] * self.ndim
@@ -192,7 +193,7 @@ class MovementMixin:
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         """Split into `chunks` pieces of ceil(size / chunks) (fewer when they run out, as in torch.chunk)."""
         if chunks <= 0:
-            raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+            raise InputError(f"chunk needs a positive number of chunks, got {chunks}")
         n = self.shape[_axis(dim, self.ndim)]
         return self.split(max(math.ceil(n / chunks), 1), dim)
 
@@ -205,7 +206,7 @@ class MovementMixin:
         """Coordinate grids of 1-d tensors, as torch.meshgrid ("ij": matrix indexing, "xy": Cartesian)."""
         ts = _tensors(self, others)
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+            raise InputError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         if indexing == "xy" and len(ts) >= 2:
             ts[0], ts[1] = ts[1], ts[0]
         shape = tuple(t.numel() for t in ts)
@@ -225,9 +226,9 @@ class MovementMixin:
         torch.Tensor.repeat."""
         reps = _sizes(repeats)
         if len(reps) < self.ndim:
-            raise ValueError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {reps}")
+            raise InputError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {reps}")
         if any(r < 0 for r in reps):
-            raise ValueError(f"repeat counts must be non-negative, got {reps}")
+            raise InputError(f"repeat counts must be non-negative, got {reps}")
         base = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         interleaved = tuple(v for d in base.shape for v in (1, d))
         expanded = tuple(v for r, d in zip(reps, base.shape) for v in (r, d))
@@ -255,7 +256,7 @@ class MovementMixin:
         shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
         if len(shifts) != len(dims):
-            raise ValueError(f"roll needs one shift per dimension, got shifts {shifts} and dims {dims}")
+            raise InputError(f"roll needs one shift per dimension, got shifts {shifts} and dims {dims}")
         out = self
         for s, dim in zip(shifts, dims):
             d = _axis(dim, self.ndim)
@@ -278,7 +279,7 @@ class MovementMixin:
         src = [_axis(s, self.ndim) for s in ((source,) if isinstance(source, int) else source)]
         dst = [_axis(s, self.ndim) for s in ((destination,) if isinstance(destination, int) else destination)]
         if len(src) != len(dst):
-            raise ValueError(f"movedim needs as many sources as destinations, got {src} and {dst}")
+            raise InputError(f"movedim needs as many sources as destinations, got {src} and {dst}")
         rest = iter(i for i in range(self.ndim) if i not in src)
         placed = dict(zip(dst, src))
         return self.permute([placed[i] if i in placed else next(rest) for i in range(self.ndim)])
@@ -304,8 +305,12 @@ class MovementMixin:
         """The windows of `size` elements every `step` along `dim`: that dim counts the windows and a new last dim
         holds each window, as torch.Tensor.unfold."""
         d = _axis(dim, self.ndim)
-        if size > self.shape[d] or size <= 0 or step <= 0:
-            raise ValueError(f"unfold of size {size}, step {step} doesn't fit dimension {d} of size {self.shape[d]}")
+        if size > self.shape[d] or size < 0 or step <= 0:
+            raise InputError(f"unfold of size {size}, step {step} doesn't fit dimension {d} of size {self.shape[d]}")
+        if size == 0:
+            # (n // step + 1) empty windows, as torch: nothing to read, but still a view of self (for autograd)
+            shape = (*self.shape[:d], self.shape[d] // step + 1, *self.shape[d + 1 :], 0)
+            return self.shrink(tuple((0, 0) if i == d else None for i in range(self.ndim))).reshape(shape)
         return self.movedim(d, -1)._pool((size,), (step,), (1,)).movedim(-2, d)
 
     @concrete_sizes("rearrange")
@@ -314,26 +319,26 @@ class MovementMixin:
         dimension and "..." for the dimensions the pattern doesn't name."""
         lhs, arrow, rhs = formula.partition("->")
         if not arrow:
-            raise ValueError(f"rearrange formula {formula!r} needs '->'")
+            raise InputError(f"rearrange formula {formula!r} needs '->'")
         left, right = _groups(lhs), _groups(rhs)
         n_ell = self.ndim - sum(1 for g in left if g != "...")
         ell = [f"...{i}" for i in range(max(n_ell, 0))]
         left, right = _with_ellipsis(left, ell), _with_ellipsis(right, ell)
         if len(left) != self.ndim:
-            raise ValueError(f"rearrange pattern {lhs.strip()!r} doesn't describe {self.ndim} dimensions")
+            raise InputError(f"rearrange pattern {lhs.strip()!r} doesn't describe {self.ndim} dimensions")
         known = dict(sizes)
         for g, n in zip(left, self.shape):
             missing = [v for v in g if v != "1" and v not in known]
             if len(missing) > 1:
-                raise ValueError(f"rearrange can't split a dimension of {n} into {g}: give all sizes but one")
+                raise InputError(f"rearrange can't split a dimension of {n} into {g}: give all sizes but one")
             for v in missing:
                 known[v] = n // max(math.prod(known[w] for w in g if w not in ("1", v)), 1)
             if math.prod(known[v] for v in g if v != "1") != n:
-                raise ValueError(f"rearrange group {g} doesn't multiply to the dimension's size {n}")
+                raise InputError(f"rearrange group {g} doesn't multiply to the dimension's size {n}")
         src = [v for g in left for v in g if v != "1"]
         dst = [v for g in right for v in g if v != "1"]
         if sorted(src) != sorted(dst) or len(set(src)) != len(src):
-            raise ValueError(f"rearrange needs each name once on both sides, got {src} and {dst}")
+            raise InputError(f"rearrange needs each name once on both sides, got {src} and {dst}")
         x = self.reshape([known[v] for v in src]).permute([src.index(v) for v in dst])
         return x.reshape([math.prod(known[v] for v in g if v != "1") for g in right])
 
@@ -344,7 +349,7 @@ class MovementMixin:
         """The diagonal of dims (dim1, dim2), `offset` above the main one, as a last dimension (torch.diagonal)."""
         a, b = _axis(dim1, self.ndim), _axis(dim2, self.ndim)
         if a == b:
-            raise ValueError(f"diagonal needs two different dimensions, got {dim1} and {dim2}")
+            raise InputError(f"diagonal needs two different dimensions, got {dim1} and {dim2}")
         x = self.movedim((a, b), (-2, -1))
         rows, cols = x.shape[-2:]
         r0, c0 = max(-offset, 0), max(offset, 0)
@@ -362,7 +367,7 @@ class MovementMixin:
         if self.ndim == 2:
             return self.diagonal(diagonal)
         if self.ndim != 1:
-            raise ValueError(f"diag needs a 1-d or 2-d tensor, got shape {self.shape}")
+            raise InputError(f"diag needs a 1-d or 2-d tensor, got shape {self.shape}")
         n, k = self.shape[0], abs(diagonal)
         if n == 0:
             return type(self).zeros(k, k, dtype=self.dtype, device=self.device)
@@ -372,7 +377,7 @@ class MovementMixin:
 
     def _triangle_mask(self: Tensor, diagonal: int, upper: bool) -> Tensor:
         if self.ndim < 2:
-            raise ValueError(f"triu/tril need at least 2 dimensions, got shape {self.shape}")
+            raise InputError(f"triu/tril need at least 2 dimensions, got shape {self.shape}")
         rows, cols = self.shape[-2:]
         arange = type(self).arange
         r = arange(rows, device=self.device).reshape(rows, 1)
@@ -397,39 +402,55 @@ class MovementMixin:
     def _pad_mode(self: Tensor, pairs: tuple[tuple[int, int], ...], mode: str) -> Tensor:
         """Padding that repeats the tensor's own elements: reflect, replicate or circular (torch.nn.functional.pad)."""
         if mode not in ("reflect", "replicate", "circular"):
-            raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+            raise UnknownModeError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
         x = self
         for d, (before, after) in enumerate(pairs):
-            if before < 0 or after < 0:
-                # negative padding crops first, as with constant padding
-                x = x.shrink(
-                    tuple((max(0, -before), n - max(0, -after)) if i == d else None for i, n in enumerate(x.shape))
-                )
-                before, after = max(before, 0), max(after, 0)
-            if not before and not after:
-                continue
-            n = x.shape[d]
-            limit = n - 1 if mode == "reflect" else n
-            if mode != "replicate" and (before > limit or after > limit):
-                raise ValueError(
-                    f"{mode} padding of ({before}, {after}) is too large for dimension {d} of size {n}: "
-                    f"it can be at most {limit}"
-                )
-            if n == 0:
-                raise ValueError(f"{mode} padding needs a non-empty dimension {d}")
-
-            def part(start: int, stop: int, x: Tensor = x, d: int = d) -> Tensor:
-                return x.shrink(tuple((start, stop) if i == d else None for i in range(x.ndim)))
-
-            if mode == "reflect":
-                left, right = part(1, before + 1).flip(d), part(n - 1 - after, n - 1).flip(d)
-            elif mode == "replicate":
-                edge_shape = list(x.shape)
-                edge_shape[d] = before
-                left = part(0, 1).expand(edge_shape)
-                edge_shape[d] = after
-                right = part(n - 1, n).expand(edge_shape)
-            else:
-                left, right = part(n - before, n), part(0, after)
-            x = left.cat(x, right, dim=d)
+            crop = (max(0, -before), max(0, -after))
+            before, after = max(before, 0), max(after, 0)
+            if mode == "circular" and any(crop):
+                # negative circular padding crops first, as with constant padding (as torch does)
+                x = x.shrink(tuple((crop[0], n - crop[1]) if i == d else None for i, n in enumerate(x.shape)))
+                crop = (0, 0)
+            x = x._pad_mode_dim(d, before, after, mode)
+            if any(crop):
+                # reflect and replicate reflect or repeat the whole input, then crop the result, as torch does
+                x = x.shrink(tuple((crop[0], n - crop[1]) if i == d else None for i, n in enumerate(x.shape)))
         return x
+
+    def _pad_mode_dim(self: Tensor, d: int, before: int, after: int, mode: str) -> Tensor:
+        """Pad dimension `d` by non-negative amounts with reflect, replicate or circular."""
+        x = self
+        if not before and not after:
+            return x
+        n = x.shape[d]
+        if mode == "circular" and n and max(before, after) > n:
+            # wraps around more than once: the periodic extension, from enough copies of x side by side
+            reps = -(-max(before, after) // n)
+            tiled = x.repeat(*(reps if i == d else 1 for i in range(x.ndim)))
+            m = tiled.shape[d]
+            left = tiled.shrink(tuple((m - before, m) if i == d else None for i in range(x.ndim)))
+            right = tiled.shrink(tuple((0, after) if i == d else None for i in range(x.ndim)))
+            return left.cat(x, right, dim=d)
+        limit = n - 1 if mode == "reflect" else n
+        if mode == "reflect" and (before > limit or after > limit):
+            raise InputError(
+                f"{mode} padding of ({before}, {after}) is too large for dimension {d} of size {n}: "
+                f"it can be at most {limit}"
+            )
+        if n == 0:
+            raise InputError(f"{mode} padding needs a non-empty dimension {d}")
+
+        def part(start: int, stop: int, x: Tensor = x, d: int = d) -> Tensor:
+            return x.shrink(tuple((start, stop) if i == d else None for i in range(x.ndim)))
+
+        if mode == "reflect":
+            left, right = part(1, before + 1).flip(d), part(n - 1 - after, n - 1).flip(d)
+        elif mode == "replicate":
+            edge_shape = list(x.shape)
+            edge_shape[d] = before
+            left = part(0, 1).expand(edge_shape)
+            edge_shape[d] = after
+            right = part(n - 1, n).expand(edge_shape)
+        else:
+            left, right = part(n - before, n), part(0, after)
+        return left.cat(x, right, dim=d)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from lazygrad.engine import device_of_name
+from lazygrad.errors import InputError
 from lazygrad_uop.dtype import DType, DTypeError, dtypes, to_dtype
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def _shape(shape: Any) -> tuple[int, ...]:
         shape = shape[0]
     out = tuple(int(s) for s in shape)
     if any(s < 0 for s in out):
-        raise ValueError(f"random tensor sizes must be non-negative, got {out}")
+        raise InputError(f"random tensor sizes must be non-negative, got {out}")
     return out
 
 
@@ -83,7 +84,7 @@ class RandomMixin:
         new seed on its next replay, and a `manual_seed` inside a jitted function resets the generator on every
         call."""
         if not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+            raise InputError(f"seed must be in [0, 2**64), got {seed}")
         RandomMixin._seed = int(seed)
         for device, state in RandomMixin._rng_state.items():
             state.assign(cls._seeded_state(device)).realize()
@@ -125,7 +126,7 @@ class RandomMixin:
         """Two uint32 words of random bits per element: the next stream of the generator."""
         n = math.prod(shape)
         if n >= 2**32:
-            raise ValueError(f"a random tensor can have at most 2**32 - 1 elements, {shape} has {n}")
+            raise InputError(f"a random tensor can have at most 2**32 - 1 elements, {shape} has {n}")
         k0, k1, call = cls._next_stream(device)
         counter = cls._iota(n, device)
         x0, x1 = threefry2x32((k0, k1), counter, call.reshape(1).expand(n))
@@ -200,7 +201,7 @@ class RandomMixin:
         if not dtypes.is_int(dt):
             raise DTypeError(f"randint makes integers; got dtype {dt!r}")
         if high <= low:
-            raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+            raise InputError(f"randint needs low < high, got low={low}, high={high}")
         span = high - low
         x0, x1 = cls._random_words(_shape(shape), device)
         if span <= 2**32:
@@ -289,11 +290,11 @@ class RandomMixin:
         """Indices (int64) drawn from the categorical distribution(s) of the weights in the last dimension (1-d or
         2-d, as torch.multinomial): with replacement by inverting the CDF, without by Gumbel top-k."""
         if self.ndim not in (1, 2):
-            raise ValueError(f"multinomial needs a 1-d or 2-d tensor of weights, got shape {self.shape}")
+            raise InputError(f"multinomial needs a 1-d or 2-d tensor of weights, got shape {self.shape}")
         w = self if self.ndim == 2 else self.unsqueeze(0)
         rows, k = w.shape
         if not replacement and num_samples > k:
-            raise ValueError(f"can't draw {num_samples} samples without replacement from {k} categories")
+            raise InputError(f"can't draw {num_samples} samples without replacement from {k} categories")
         w = w.cast(dtypes.float32)
         cls = type(self)
         if replacement:

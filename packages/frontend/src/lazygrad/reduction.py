@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from lazygrad.errors import InputError, RangeError
 from lazygrad.movement import concrete_sizes
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 from lazygrad_uop.ops import Ops
@@ -30,7 +31,7 @@ _SCAN_DIRECT = 256  # scans up to this length reduce one triangle; longer ones a
 
 def _axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
+        raise RangeError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
 
 
@@ -144,6 +145,11 @@ class ReductionMixin:
         e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
+    def softmin(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """softmax(-x) over `axis`, as torch.nn.functional.softmin (computed in `dtype` if given)."""
+        x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        return (-x).softmax(axis)
+
     def log_softmax(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         """x - logsumexp(x) over `axis` (computed in `dtype` if given)."""
         x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
@@ -212,6 +218,9 @@ class ReductionMixin:
         return self.cast(dt)._scan("prod", axis)
 
     def _cum_extreme(self: Tensor, axis: int, kind: str) -> tuple[Tensor, Tensor]:
+        if self.numel() == 0:
+            _axis(axis, self.ndim)
+            return self, self.zeros_like(dtypes.int64)  # nothing to scan: empty values and indices, as torch
         values = self._scan(kind, axis)
         if self.ndim == 0:
             return values, type(self)(0, device=self.device, dtype=dtypes.int64)
@@ -251,7 +260,7 @@ class ReductionMixin:
         d = _axis(axis, self.ndim)
         n = self.shape[d]
         if n == 0:
-            raise ValueError(f"{'argmax' if largest else 'argmin'} of an empty dimension {d} has no answer")
+            raise InputError(f"{'argmax' if largest else 'argmin'} of an empty dimension {d} has no answer")
         m = self.max(d, keepdim=True) if largest else self.min(d, keepdim=True)
         hit = self.eq(m)
         if dtypes.is_float(self.dtype):
@@ -310,11 +319,11 @@ class ReductionMixin:
         """(the k largest (or smallest) values along `dim`, in order, and their indices as int64)."""
         if self.ndim == 0:
             if k > 1:
-                raise ValueError(f"topk k={k} is larger than the 1 element of a 0-d tensor")
+                raise InputError(f"topk k={k} is larger than the 1 element of a 0-d tensor")
             return self, type(self)(0, device=self.device, dtype=dtypes.int64)
         d = _axis(dim, self.ndim)
         if not 0 <= k <= self.shape[d]:
-            raise ValueError(f"topk k={k} is out of range for dimension {d} of size {self.shape[d]}")
+            raise InputError(f"topk k={k} is out of range for dimension {d} of size {self.shape[d]}")
         x = self.movedim(d, -1)
         values, indices = x._by_rank(k, largest)
         return values.movedim(-1, d), indices.movedim(-1, d)
@@ -332,7 +341,7 @@ class ReductionMixin:
         lhs, arrow, rhs = eq.partition("->")
         inputs = lhs.split(",")
         if len(inputs) != len(ops):
-            raise ValueError(f"einsum formula {formula!r} has {len(inputs)} operands, got {len(ops)} tensors")
+            raise InputError(f"einsum formula {formula!r} has {len(inputs)} operands, got {len(ops)} tensors")
         n_ell = 0
         for term, t in zip(inputs, ops):
             if "..." in term:
@@ -347,7 +356,7 @@ class ReductionMixin:
             else:
                 labs = list(term)
             if len(labs) != t.ndim or not all(c.isalpha() for c in labs):
-                raise ValueError(f"einsum term {term!r} doesn't describe a tensor of shape {t.shape}")
+                raise InputError(f"einsum term {term!r} doesn't describe a tensor of shape {t.shape}")
             labels.append(labs)
         if arrow:
             out = [*rhs.replace("...", "\0")]
@@ -372,10 +381,10 @@ class ReductionMixin:
         for labs, t in zip(labels, ops):
             for c, s in zip(labs, t.shape):
                 if sizes.get(c, 1) not in (1, s) and s != 1:
-                    raise ValueError(f"einsum label {c!r} has sizes {sizes[c]} and {s}")
+                    raise InputError(f"einsum label {c!r} has sizes {sizes[c]} and {s}")
                 sizes[c] = max(sizes.get(c, 1), s)
         if any(c not in sizes for c in out) or len(set(out)) != len(out):
-            raise ValueError(f"einsum output {rhs!r} names a label no input has, or one twice")
+            raise InputError(f"einsum output {rhs!r} names a label no input has, or one twice")
         order = out + [c for c in sizes if c not in out]
         aligned = []
         for labs, t in zip(labels, ops):

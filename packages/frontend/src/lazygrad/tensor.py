@@ -4,6 +4,7 @@ fused kernels, compiles and runs them."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import itertools
 import math
@@ -16,8 +17,9 @@ import numpy as np
 
 from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
+from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.functional import FunctionalMixin
-from lazygrad.gradient import compute_gradient, graph_nodes, realized_graphs
+from lazygrad.gradient import compute_gradient, depends_on, graph_nodes, realized_graphs
 from lazygrad.indexing import IndexingMixin
 from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bounds
 from lazygrad.random import RandomMixin
@@ -73,7 +75,7 @@ def _requires_grad_uops() -> set[UOp]:
 
 def _normalize_axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
+        raise RangeError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
 
 
@@ -84,7 +86,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for dims in zip(*padded):
         sizes = {d for d in dims if d != 1}
         if len(sizes) > 1:
-            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
+            raise InputError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
@@ -142,7 +144,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             dt = dtype or from_numpy_dtype(data.dtype)
             uop = _from_numpy(data.astype(_np_storage(dt), copy=False), dev, dt)
         else:
-            raise TypeError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
+            raise KindError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
         if Tensor.no_grad and isinstance(data, UOp) and uop.op is not Ops.DETACH and not is_view_of_leaf(uop):
             uop = UOp(Ops.DETACH, uop.dtype, (uop,))
         self.uop: UOp = uop
@@ -213,7 +215,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise KindError("len() of a 0-d tensor")
         return self.shape[0]
 
     def __repr__(self) -> str:
@@ -260,7 +262,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("arange step must not be zero")
+            raise InputError("arange step must not be zero")
         if isinstance(start, UOp) or isinstance(stop, UOp):
             return Tensor._symbolic_arange(start, stop, step, dtype, device)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
@@ -281,7 +283,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             )
         count = ((stop - start + step - 1) // step).ssimplify()
         if not always_le(0, count):
-            raise ValueError(
+            raise InputError(
                 f"arange({show_sizes(start)}, {show_sizes(stop)}, {step}) is empty or negative for some values in "
                 f"its variables' bounds ({symbolic_bounds(start, stop)}); keep stop >= start for all of them"
             )
@@ -295,7 +297,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """The identity matrix (n x m)."""
         m = n if m is None else m
         if n < 0 or m < 0:
-            raise ValueError(f"eye needs non-negative sizes, got {n} x {m}")
+            raise InputError(f"eye needs non-negative sizes, got {n} x {m}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         k = min(n, m)
         if k == 0:
@@ -310,7 +312,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     ) -> Tensor:
         """`steps` evenly spaced values from start to stop inclusive, as torch.linspace."""
         if steps < 0:
-            raise ValueError(f"linspace needs a non-negative number of steps, got {steps}")
+            raise InputError(f"linspace needs a non-negative number of steps, got {steps}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device)
@@ -320,17 +322,17 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         vals = np.where(i < steps // 2, start + step * i, stop - step * (steps - 1 - i))
         return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
 
-    def full_like(self, fill_value: Any, dtype: DType | str | None = None) -> Tensor:
-        """A tensor of this shape and device filled with `fill_value`."""
-        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=self.device)
+    def full_like(self, fill_value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        """A tensor of this shape (and dtype and device, unless given) filled with `fill_value`."""
+        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device)
 
-    def zeros_like(self, dtype: DType | str | None = None) -> Tensor:
+    def zeros_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Zeros of this shape."""
-        return self.full_like(0, dtype)
+        return self.full_like(0, dtype, device)
 
-    def ones_like(self, dtype: DType | str | None = None) -> Tensor:
+    def ones_like(self, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """Ones of this shape."""
-        return self.full_like(1, dtype)
+        return self.full_like(1, dtype, device)
 
     # *** realization ***
 
@@ -379,9 +381,9 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if x.shape != self.shape:
             x = x._broadcast_to(_broadcast_shape(x.shape, self.shape))
         if x.shape != self.shape:
-            raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
+            raise InputError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
         if x.device != self.device:
-            raise ValueError(f"assign from {x.device} to a tensor on {self.device}; move it with .to() first")
+            raise InputError(f"assign from {x.device} to a tensor on {self.device}; move it with .to() first")
         if x.dtype != self.dtype:
             raise DTypeError(f"assign of {x.dtype!r} to a {self.dtype!r} tensor; cast it first")
         base = view_base(self.uop)
@@ -432,8 +434,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     ) -> list[Tensor]:
         """The gradients of this tensor with respect to each of `targets`, as lazy tensors (nothing runs yet).
 
-        `gradient` seeds the backward pass (default: 1 for a one-element tensor). A target this tensor does not
-        depend on (or only through `detach` or non-differentiable ops) raises, or gets zeros with materialize_grads.
+        `gradient` seeds the backward pass (default: 1 for a one-element tensor). A target this tensor reaches only
+        through non-differentiable ops (comparisons, `sign`, the sign taken by `copysign`, `x ** 0`) gets zeros, as in
+        torch and tinygrad; one outside its graph (or reached only through `detach`) raises, or gets zeros with
+        materialize_grads.
         """
         seed = self._gradient_seed(gradient)
         grads = compute_gradient(self.uop, seed.uop, {t.uop for t in targets}, realized_graphs.mapping)
@@ -441,12 +445,12 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         for t in targets:
             if (g := grads.get(t.uop)) is not None:
                 out.append(Tensor(g))
-            elif materialize_grads:
+            elif materialize_grads or depends_on(self.uop, t.uop, realized_graphs.mapping):
                 out.append(t.zeros_like())
             else:
                 raise RuntimeError(
-                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach, "
-                    "non-differentiable ops, or a realized tensor: realizing keeps the graph for autograd only where "
+                    f"this tensor does not depend on the target of shape {t.shape} (or only through detach or a "
+                    "realized tensor: realizing keeps the graph for autograd only where "
                     "it reaches a tensor with requires_grad=True, so set that on the target before computing); pass "
                     "materialize_grads=True to get zeros for it"
                 )
@@ -454,6 +458,9 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Accumulate the gradient of this tensor into `.grad` of every tensor with requires_grad=True it depends on.
+        If it depends on none, as in tinygrad code that leaves requires_grad at its default None, the floating-point
+        tensors of data (and views of them) with requires_grad None that it depends on get theirs instead; tensors
+        with requires_grad=False never do.
 
         Reading values first (`.numpy()`, `.item()`, `.realize()` of the loss or of any intermediate) doesn't change
         the gradients: autograd goes through realized tensors to the graphs they were computed from. The gradients
@@ -461,14 +468,25 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         else; as in torch (without create_graph), they are cut from autograd themselves.
         """
         graph = graph_nodes(self.uop, realized_graphs.mapping)
-        leaves = [t for t in list(_all_tensors) if t.requires_grad and t.uop in graph]
+        live = [t for t in list(_all_tensors) if t.uop in graph]
+        leaves = [t for t in live if t.requires_grad]
+        if not leaves:
+            # data: float tensors of buffers that hold no computed result (autograd goes through those to their graph)
+            leaves = [
+                t
+                for t in live
+                if t.requires_grad is None
+                and dtypes.is_float(t.dtype)
+                and is_view_of_leaf(t.uop)
+                and t.uop not in realized_graphs.mapping
+            ]
         grads = compute_gradient(
             self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves}, realized_graphs.mapping
         )
         if not grads:
             raise RuntimeError(
-                "backward() reached no tensor with requires_grad=True: set it on the inputs to differentiate (an "
-                "optimizer sets it on its parameters) before computing the loss from them"
+                "backward() reached no tensor with requires_grad=True, nor data left at requires_grad=None: set it on "
+                "the inputs to differentiate (an optimizer sets it on its parameters) before computing the loss"
             )
         for t in leaves:
             if (g := grads.get(t.uop)) is not None:
@@ -481,13 +499,13 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise DTypeError(f"only floating-point tensors have gradients, this one is {self.dtype!r}")
         if gradient is None:
             if self.numel() != 1:
-                raise ValueError(
+                raise InputError(
                     f"backward() without a gradient needs a one-element tensor, this one has shape {self.shape}; "
                     "reduce it (e.g. .sum()) or pass gradient= of the same shape"
                 )
             return self.full_like(1.0)
         if gradient.shape != self.shape:
-            raise ValueError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
+            raise InputError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
         return gradient.cast(self.dtype)
 
     def to(self, device: str) -> Tensor:
@@ -541,7 +559,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+            raise InputError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
@@ -554,27 +572,33 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         return Tensor(UOp(op, self.dtype, (self.uop,), arg))
 
     def reshape(self, *shape: Any) -> Tensor:
-        """The same elements in a new shape; one dimension may be -1 (inferred)."""
+        """The same elements in a new shape; one dimension may be -1 (inferred), and None keeps the size of the
+        dimension at its position (tinygrad's `reshape(None, -1)`)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = tuple(self.shape[i] if d is None and i < self.ndim else d for i, d in enumerate(shape))
+        if any(d is None for d in shape):
+            raise InputError(f"reshape to {shape}: None keeps a dimension, and {self.shape} has no such one")
         new = list(_shape_arg(shape))
         if any(isinstance(d, UOp) for d in (*new, *self.shape)):
             # symbolic sizes are checked at the values their variables are bound to
             if -1 in new or math.prod(map(resolve, new)) != math.prod(map(resolve, self.shape)):
-                raise ValueError(
+                raise InputError(
                     f"can't reshape {show_sizes(self.shape)} to {show_sizes(tuple(new))} (with symbolic sizes: equal "
                     "element counts at the bound values, and no -1)"
                 )
             return self if tuple(new) == self.shape else self._mop(Ops.RESHAPE, tuple(new))
         if new.count(-1) > 1:
-            raise ValueError(f"only one dimension can be -1 in reshape, got {tuple(new)}")
+            raise InputError(f"only one dimension can be -1 in reshape, got {tuple(new)}")
         if -1 in new:
             rest = math.prod(d for d in new if d != -1)
             if rest == 0 or self.numel() % rest:
-                raise ValueError(f"can't reshape {self.shape} to {tuple(new)}")
+                raise InputError(f"can't reshape {self.shape} to {tuple(new)}")
             new[new.index(-1)] = self.numel() // rest
         if any(d < 0 for d in new):
-            raise ValueError(f"reshape sizes must be non-negative, got {tuple(new)}")
+            raise InputError(f"reshape sizes must be non-negative, got {tuple(new)}")
         if math.prod(new) != self.numel():
-            raise ValueError(f"can't reshape {self.shape} ({self.numel()} elements) to {tuple(new)}")
+            raise InputError(f"can't reshape {self.shape} ({self.numel()} elements) to {tuple(new)}")
         return self if tuple(new) == self.shape else self._mop(Ops.RESHAPE, tuple(new))
 
     def view(self, *shape: Any) -> Tensor:
@@ -585,19 +609,19 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """Broadcast size-1 dimensions to `shape` (-1 keeps a dimension); new leading dimensions are added."""
         new = _shape_arg(shape)
         if len(new) < self.ndim:
-            raise ValueError(f"can't expand {self.shape} to fewer dimensions {new}")
+            raise InputError(f"can't expand {self.shape} to fewer dimensions {new}")
         base = self.reshape((1,) * (len(new) - self.ndim) + self.shape) if len(new) != self.ndim else self
         target = tuple(b if n == -1 else n for n, b in zip(new, base.shape))
         for b, n in zip(base.shape, target):
             if b != n and b != 1:
-                raise ValueError(f"can't expand {self.shape} to {new}: only size-1 dimensions can grow")
+                raise InputError(f"can't expand {self.shape} to {new}: only size-1 dimensions can grow")
         return base if target == base.shape else base._mop(Ops.EXPAND, target)
 
     def permute(self, *order: Any) -> Tensor:
         """Reorder the dimensions."""
         order = tuple(_normalize_axis(a, self.ndim) for a in _shape_arg(order))
         if sorted(order) != list(range(self.ndim)):
-            raise ValueError(f"{order} is not a permutation of the {self.ndim} dimensions of {self.shape}")
+            raise InputError(f"{order} is not a permutation of the {self.ndim} dimensions of {self.shape}")
         return self if order == tuple(range(self.ndim)) else self._mop(Ops.PERMUTE, order)
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
@@ -635,10 +659,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """Pad: one (before, after) pair per dimension, or a flat torch-style tuple from the last dim. mode
         "constant" fills with `value`; "reflect", "replicate" and "circular" repeat the tensor's own elements."""
         if not isinstance(mode, str):
-            raise TypeError(f"pad mode must be a string (the fill value is value=...), got {mode!r}")
+            raise KindError(f"pad mode must be a string (the fill value is value=...), got {mode!r}")
         pairs = _pad_pairs(padding, self.ndim)
         if any(isinstance(p, UOp) and not always_le(0, p) for pair in pairs for p in pair):
-            raise ValueError(
+            raise InputError(
                 f"pad {show_sizes(pairs)} has a symbolic amount that can be negative ({symbolic_bounds(*pairs)}); "
                 "symbolic padding must be >= 0 for every value of its variables"
             )
@@ -668,7 +692,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         # the padding of a fused kernel evaluates the padded expression with its inputs read as 0: right for most
         # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly
         inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._padded(pairs)
-        return inside.where(out, value)
+        return inside.where(out, self._const_like(value))  # the fill takes the tensor's dtype, as in torch
 
     def _padded(self, pairs: tuple[tuple[Any, Any], ...]) -> Tensor:
         return self._mop(Ops.PAD, pairs)._canonical()
@@ -682,13 +706,13 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         """Keep [start, end) of each dimension (None keeps all of it)."""
         if len(arg) != self.ndim:
-            raise ValueError(f"shrink needs one (start, end) per dimension of {self.shape}, got {arg}")
+            raise InputError(f"shrink needs one (start, end) per dimension of {self.shape}, got {arg}")
         pairs = tuple((0, d) if a is None else (_sint(a[0]), _sint(a[1])) for a, d in zip(arg, self.shape))
         for (b, e), d in zip(pairs, self.shape):
             if not 0 <= resolve(b) <= resolve(e) <= resolve(d):
-                raise ValueError(f"shrink {pairs} is out of range for shape {self.shape}")
+                raise InputError(f"shrink {pairs} is out of range for shape {self.shape}")
             if not (always_le(0, b) and always_le(b, e) and always_le(e, d)):
-                raise ValueError(
+                raise InputError(
                     f"shrink {show_sizes(pairs)} fits shape {show_sizes(self.shape)} at the bound values but not "
                     f"for every value in the variables' bounds ({symbolic_bounds(b, e, d)}), and its kernel runs for "
                     "all of them: narrow the bounds so that 0 <= start <= end <= size always holds"
@@ -745,7 +769,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
                     dt = x.dtype
                 y = Tensor(y, device=x.device, dtype=dt)
         if x.device != y.device:
-            raise ValueError(f"tensors are on different devices, {x.device} and {y.device}; move one with .to()")
+            raise InputError(f"tensors are on different devices, {x.device} and {y.device}; move one with .to()")
         out_dt = least_upper_dtype(x.dtype, y.dtype)
         x, y = x.cast(out_dt), y.cast(out_dt)
         if reverse:
@@ -825,7 +849,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """Elementwise difference."""
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_bool(a.dtype):
-            raise TypeError("subtracting bool tensors is not supported; use logical_xor or cast to int first")
+            raise KindError("subtracting bool tensors is not supported; use logical_xor or cast to int first")
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self, x: Any, reverse: bool = False) -> Tensor:
@@ -841,7 +865,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if rounding_mode == "trunc":
             return self.idiv(x, reverse)
         if rounding_mode is not None:
-            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+            raise InputError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         a, b = self._broadcasted(x, reverse)
         ft = least_upper_float(a.dtype)
         a, b = a.cast(ft), b.cast(ft)
@@ -879,7 +903,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def neg(self) -> Tensor:
         """Elementwise negation."""
         if dtypes.is_bool(self.dtype):
-            raise TypeError("negating a bool tensor is not supported; use logical_not()")
+            raise KindError("negating a bool tensor is not supported; use logical_not()")
         return self._alu(Ops.MUL, self._const_like(-1)._broadcast_to(self.shape))
 
     def reciprocal(self) -> Tensor:
@@ -1080,9 +1104,14 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             acc = out = self.dtype
         return self.cast(acc)._reduce(Ops.ADD, axis, keepdim).cast(out)
 
-    def prod(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-        """Product over `axis`."""
-        t = self.cast(dtypes.int64) if dtypes.is_bool(self.dtype) or dtypes.is_int(self.dtype) else self
+    def prod(
+        self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | str | None = None
+    ) -> Tensor:
+        """Product over `axis`, in `dtype` if given; bools and integers multiply in int64, as in torch."""
+        if dtype is not None:
+            t = self.cast(dtype)
+        else:
+            t = self.cast(dtypes.int64) if dtypes.is_bool(self.dtype) or dtypes.is_int(self.dtype) else self
         return t._reduce(Ops.MUL, axis, keepdim)
 
     def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
@@ -1091,7 +1120,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             axis is None
             or any(self.shape[_normalize_axis(a, self.ndim)] == 0 for a in ((axis,) if isinstance(axis, int) else axis))
         ):
-            raise ValueError("max of an empty dimension has no value; give an axis with elements")
+            raise InputError("max of an empty dimension has no value; give an axis with elements")
         if dtypes.is_bool(self.dtype):
             return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
         return self._reduce(Ops.MAX, axis, keepdim)
@@ -1119,11 +1148,11 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """Matrix product with numpy's/torch's rules for 1-d and batched inputs."""
         x = self
         if x.ndim == 0 or w.ndim == 0:
-            raise ValueError(f"matmul needs at least 1-d tensors, got shapes {x.shape} and {w.shape}")
+            raise InputError(f"matmul needs at least 1-d tensors, got shapes {x.shape} and {w.shape}")
         k = x.shape[-1]
         kw = w.shape[-2] if w.ndim > 1 else w.shape[0]
         if k != kw:
-            raise ValueError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
+            raise InputError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
         dt = least_upper_dtype(x.dtype, w.dtype)
         x, w = x.cast(dt), w.cast(dt)
         if w.ndim == 1:
@@ -1192,7 +1221,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if dtypes.is_bool(self.dtype):
             return self.logical_not()
         if not dtypes.is_int(self.dtype):
-            raise TypeError(f"~ needs an integer or bool tensor, got {self.dtype!r}")
+            raise KindError(f"~ needs an integer or bool tensor, got {self.dtype!r}")
         return self._alu(Ops.XOR, self._const_like(-1)._broadcast_to(self.shape))
 
     def __and__(self, x: Any) -> Tensor:
@@ -1343,10 +1372,28 @@ def _sint(x: Any) -> Any:
 def _pad_pairs(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
     if all(isinstance(p, (tuple, list)) or p is None for p in padding):
         if len(padding) != ndim:
-            raise ValueError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
+            raise InputError(f"pad needs one (before, after) pair per dimension ({ndim}), got {len(padding)}")
         return tuple((0, 0) if p is None else (_sint(p[0]), _sint(p[1])) for p in padding)
     if len(padding) % 2 or len(padding) // 2 > ndim:
-        raise ValueError(f"flat padding {tuple(padding)} needs (left, right) pairs for at most {ndim} dimensions")
+        raise InputError(f"flat padding {tuple(padding)} needs (left, right) pairs for at most {ndim} dimensions")
     flat = list(padding) + [0] * (2 * ndim - len(padding))
     # torch's flat form starts at the last dimension
     return tuple((_sint(flat[2 * i]), _sint(flat[2 * i + 1])) for i in range(ndim))[::-1]
+
+
+def _takes_requires_grad(make: Any) -> Any:
+    """`make` (a creation function) also taking `requires_grad=`, as torch's and tinygrad's do."""
+
+    @functools.wraps(make)
+    def made(*args: Any, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+        out = make(*args, **kwargs)
+        return out if requires_grad is None else out.requires_grad_(requires_grad)
+
+    return made
+
+
+# one wrapper over the creation functions instead of the same two lines in each of them
+for _name in ("full", "zeros", "ones", "empty", "arange", "eye", "linspace"):
+    setattr(Tensor, _name, staticmethod(_takes_requires_grad(getattr(Tensor, _name))))
+for _name in ("full_like", "zeros_like", "ones_like"):
+    setattr(Tensor, _name, _takes_requires_grad(getattr(Tensor, _name)))

@@ -13,8 +13,9 @@ from lazygrad_uop.config import getenv
 ConstType = float | int | bool
 
 
-class DTypeError(TypeError):
-    """A dtype was used where it does not fit (unknown name, no numpy equivalent, an impossible promotion)."""
+class DTypeError(TypeError, RuntimeError):
+    """A dtype was used where it does not fit (unknown name, no numpy equivalent, an impossible promotion). Also a
+    RuntimeError, which is what code written for PyTorch catches for dtype mismatches."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +62,16 @@ class DType:
     def vcount(self) -> int:
         """The vector width of the value (a pointer's own width for PtrDType)."""
         return self.count
+
+    @property
+    def min(self) -> ConstType:
+        """The smallest value of this type (-inf for floats): `dtypes.int8.min` is -128."""
+        return dtypes.min(self)
+
+    @property
+    def max(self) -> ConstType:
+        """The largest value of this type (inf for floats): `dtypes.uint16.max` is 65535."""
+        return dtypes.max(self)
 
     def scalar(self) -> DType:
         """The element type of a vector, or the dtype itself."""

@@ -63,6 +63,24 @@ class PluginError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class DeviceInfo:
+    """One installed device as `Device.list()` describes it.
+
+    usable: None when it runs here, else why not. renderers: (name, is the default) pairs, the default first.
+    tensor_cores: per target architecture, the tensor cores the plugins describe for it.
+    """
+
+    name: str
+    package: str
+    version: str | None  # the package's installed version; None when it is not an installed distribution
+    priority: int
+    usable: str | None
+    default: bool
+    renderers: tuple[tuple[str, bool], ...]
+    tensor_cores: dict[str, tuple[TensorCore, ...]]
+
+
+@dataclass(frozen=True)
 class DeviceName:
     """A parsed device name: "cuda:1:ptx" is base CUDA, index 1, renderer PTX."""
 
@@ -343,6 +361,40 @@ class DeviceRegistry:
                 return spec
         names = ", ".join(r.name + (" (default)" if r.default else "") for r in offered) or "none registered"
         raise UnknownRendererError(f"device {base} has no renderer {renderer!r}; its renderers: {names}")
+
+    # ---- listing
+
+    def list(self) -> list[DeviceInfo]:
+        """Every installed device, highest priority first: its package and version, whether it is usable here (or
+        why not), whether it is the default, its renderers and its tensor cores per target architecture."""
+        catalog = self._gather()
+        try:
+            default: str | None = DeviceName.parse(self.DEFAULT).base
+        except DeviceUnavailableError:
+            default = None  # nothing usable: every entry then says why
+        out = []
+        for spec, _ in sorted(catalog.devices.values(), key=lambda e: (-e[0].priority, e[0].name)):
+            try:
+                version: str | None = importlib.metadata.version(spec.package)
+            except importlib.metadata.PackageNotFoundError:
+                version = None
+            cores: dict[str, tuple[TensorCore, ...]] = {}
+            for entry in catalog.tensor_cores:
+                if entry.device == spec.name:
+                    cores[entry.target] = cores.get(entry.target, ()) + entry.tensor_cores
+            out.append(
+                DeviceInfo(
+                    spec.name,
+                    spec.package,
+                    version,
+                    spec.priority,
+                    self.usable(spec.name),
+                    spec.name == default,
+                    tuple((r.name, r.default) for r in self.renderers(spec.name)),
+                    cores,
+                )
+            )
+        return out
 
     def _unknown_message(self, base: str, devices: dict[str, Any]) -> str:
         msg = f"unknown device {base!r}; installed devices: {', '.join(sorted(devices)) or 'none'}."

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from lazygrad.errors import InputError, KindError
 from lazygrad.indexing import kernel_iota, stored
-from lazygrad.nn import lr_scheduler, optim, state
+from lazygrad.nn import datasets, lr_scheduler, optim, state
 from lazygrad.tensor import Tensor
 from lazygrad_uop.dtype import dtypes
 
@@ -32,6 +33,7 @@ __all__ = [
     "LayerNorm2d",
     "Linear",
     "RMSNorm",
+    "datasets",
     "lr_scheduler",
     "optim",
     "state",
@@ -83,7 +85,7 @@ class Conv2d:
         dims: int = 2,
     ) -> None:
         if in_channels % groups or out_channels % groups:
-            raise ValueError(
+            raise InputError(
                 f"in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}"
             )
         self.kernel_size = _tuple(kernel_size, dims)
@@ -133,7 +135,7 @@ class ConvTranspose2d:
         dims: int = 2,
     ) -> None:
         if in_channels % groups or out_channels % groups:
-            raise ValueError(
+            raise InputError(
                 f"in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}"
             )
         self.kernel_size = _tuple(kernel_size, dims)
@@ -214,7 +216,7 @@ class BatchNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2:
-            raise ValueError(f"BatchNorm needs (N, C, ...) inputs, got shape {x.shape}")
+            raise InputError(f"BatchNorm needs (N, C, ...) inputs, got shape {x.shape}")
         if not Tensor.training and self.track_running_stats:
             return x.batchnorm(self.weight, self.bias, self.running_mean, (self.running_var + self.eps).rsqrt())
         mean, var = self._batch_stats(x)
@@ -244,7 +246,7 @@ class LayerNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.normalized_shape) :] != self.normalized_shape:
-            raise ValueError(f"LayerNorm over {self.normalized_shape} got an input of shape {x.shape}")
+            raise InputError(f"LayerNorm over {self.normalized_shape} got an input of shape {x.shape}")
         x = x.layernorm(axis=self.axis, eps=self.eps)
         return x if self.weight is None else x * self.weight + self.bias
 
@@ -254,14 +256,14 @@ class GroupNorm:
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True) -> None:
         if num_channels % num_groups:
-            raise ValueError(f"num_channels {num_channels} must divide by num_groups {num_groups}")
+            raise InputError(f"num_channels {num_channels} must divide by num_groups {num_groups}")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight: Tensor | None = _own(Tensor.ones(num_channels)) if affine else None
         self.bias: Tensor | None = _own(Tensor.zeros(num_channels)) if affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:
-            raise ValueError(f"GroupNorm over {self.num_channels} channels got an input of shape {x.shape}")
+            raise InputError(f"GroupNorm over {self.num_channels} channels got an input of shape {x.shape}")
         x = x.reshape(x.shape[0], self.num_groups, -1).layernorm(axis=-1, eps=self.eps).reshape(x.shape)
         if self.weight is None:
             return x
@@ -287,7 +289,7 @@ class InstanceNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 3 or x.shape[1] != self.num_features:
-            raise ValueError(f"InstanceNorm over {self.num_features} channels got an input of shape {x.shape}")
+            raise InputError(f"InstanceNorm over {self.num_features} channels got an input of shape {x.shape}")
         x = x.reshape(x.shape[0], x.shape[1], -1).layernorm(axis=-1, eps=self.eps).reshape(x.shape)
         if self.weight is None:
             return x
@@ -318,7 +320,7 @@ class Embedding:
 
     def __call__(self, idx: Tensor) -> Tensor:
         if dtypes.is_float(idx.dtype):
-            raise TypeError(f"Embedding needs integer indices, got {idx.dtype!r}")
+            raise KindError(f"Embedding needs integer indices, got {idx.dtype!r}")
         # a one-hot matmul: differentiable with the primitives autograd knows, and fused into one reduction, which
         # codegen lowers to one load per output (the arange is computed in the kernel, the ids are stored first)
         arange = kernel_iota(Tensor, self.vocab_size, idx.dtype, idx.device)

@@ -11,6 +11,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 
+from lazygrad.errors import InputError, KindError
 from lazygrad.nn.optim import Optimizer
 from lazygrad.tensor import Tensor
 
@@ -31,7 +32,7 @@ class LRScheduler:
 
     def __init__(self, optimizer: Optimizer) -> None:
         if not isinstance(optimizer.lr, Tensor):
-            raise TypeError("a learning-rate schedule needs an optimizer whose lr is a tensor (the default)")
+            raise KindError("a learning-rate schedule needs an optimizer whose lr is a tensor (the default)")
         self.optimizer = optimizer
         self.base_lr = float(optimizer.lr.item())
         self.epoch_counter = 0
@@ -148,7 +149,7 @@ class OneCycleLR(LRScheduler):
         final_div_factor: float = 1e4,
     ) -> None:
         if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+            raise InputError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
         self.initial_lr = max_lr / div_factor
         self.max_lr, self.min_lr = max_lr, self.initial_lr / final_div_factor
         self.total_steps, self.anneal_strategy = total_steps, anneal_strategy
@@ -163,7 +164,7 @@ class OneCycleLR(LRScheduler):
     def get_lr(self, epoch: int) -> float:
         """The learning rate at step `epoch`."""
         if epoch > self.total_steps:
-            raise ValueError(f"OneCycleLR stepped {epoch} times, past its total_steps={self.total_steps}")
+            raise InputError(f"OneCycleLR stepped {epoch} times, past its total_steps={self.total_steps}")
         if epoch <= self.warmup_end:
             return self._anneal(self.initial_lr, self.max_lr, epoch / self.warmup_end)
         end = self.total_steps - 1

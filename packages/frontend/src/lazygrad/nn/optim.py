@@ -1,4 +1,4 @@
-"""Optimizers: SGD (momentum, nesterov, weight decay), Adam, AdamW and LAMB, with tinygrad's signatures.
+"""Optimizers: SGD (momentum, nesterov, weight decay), Adam, AdamW, LAMB (tinygrad's signatures) and Muon (torch's).
 
 A step is lazy graph work like everything else: each parameter and state tensor is `assign`ed its update, and
 `step()` realizes them all in one schedule, so the backward pass fuses into the update kernels. The learning rate
@@ -8,15 +8,17 @@ does not change the kernels (and never recompiles them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+from lazygrad.errors import InputError
 from lazygrad.tensor import Tensor, _all_tensors
 from lazygrad_scheduler import is_view_of_leaf
 from lazygrad_scheduler.kernelize import base_buffer, view_base
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 
-__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup"]
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Muon", "Optimizer", "OptimizerGroup"]
 
 
 def _dedup(tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -50,7 +52,7 @@ class Optimizer:
                 p.requires_grad = True
         self.params = _dedup([p for p in params if p.requires_grad])
         if not self.params:
-            raise ValueError(
+            raise InputError(
                 "the optimizer got no parameters to train; pass get_parameters(model) or a list of tensors"
             )
         self.buffers = _dedup([p for p in params if not p.requires_grad])
@@ -134,7 +136,7 @@ class SGD(Optimizer):
         nesterov: bool = False,
     ) -> None:
         if nesterov and momentum <= 0:
-            raise ValueError("nesterov momentum needs momentum > 0")
+            raise InputError("nesterov momentum needs momentum > 0")
         super().__init__(params, lr)
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
         # momentum buffers start at zero, so the first step's buffer is the gradient itself, as in torch
@@ -239,3 +241,69 @@ class AdamW(LAMB):
         betas: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True, betas=betas)
+
+
+class Muon(Optimizer):
+    """Muon (momentum orthogonalized by Newton-Schulz) as torch.optim.Muon: the momentum buffer is an average,
+    b = momentum * b + (1 - momentum) * g; the update u = (1 - momentum) * g + momentum * b with nesterov (else b) is
+    orthogonalized by `ns_steps` iterations of the quintic X <- a X + (b A + c A^2) X, A = X X^T, from X = u / ||u||;
+    then p *= 1 - lr * weight_decay and p -= lr * sqrt(max(1, rows / cols)) * X ("original"), or
+    lr * 0.2 * sqrt(max(rows, cols)) * X ("match_rms_adamw").
+
+    A parameter is orthogonalized as the matrix (first dimension) x (the rest): a conv weight as (out, in * kh * kw),
+    a bias as a column, as tinygrad's Muon does (torch's accepts matrices only; biases are usually better given to
+    AdamW, and `OptimizerGroup` steps both as one).
+    The iteration runs in float32 (torch's in bfloat16), so results agree with torch to bfloat16 precision.
+    `ns_params` is tinygrad's name for `ns_coefficients`.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float | Tensor = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        *,
+        ns_params: tuple[float, float, float] | None = None,
+    ) -> None:
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise InputError(f"adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
+        if not 0 <= ns_steps < 100:
+            raise InputError(f"ns_steps must be in [0, 100), got {ns_steps}")
+        super().__init__(params, lr)
+        self.weight_decay, self.momentum, self.nesterov = weight_decay, momentum, nesterov
+        self.coefficients = ns_params if ns_params is not None else ns_coefficients
+        self.eps, self.ns_steps, self.adjust_lr_fn = eps, ns_steps, adjust_lr_fn
+        self.b = [_zeros(p, dtypes.float32) for p in self.params]
+        Tensor.realize(*self.b)
+
+    def _orthogonalized(self, u: Tensor) -> Tensor:
+        a, b, c = self.coefficients
+        tall = u.shape[0] > u.shape[1]
+        x = u.T if tall else u  # the Gram matrix of the shorter side is the smaller one
+        x = x / x.square().sum().sqrt().maximum(self.eps)
+        for _ in range(self.ns_steps):
+            gram = x @ x.T
+            x = a * x + (b * gram + c * (gram @ gram)) @ x
+        return x.T if tall else x
+
+    def _step(self, grads: list[Tensor]) -> list[Tensor]:
+        for p, g, buf in zip(self.params, grads, self.b):
+            g = g.detach().float()
+            buf.assign(self.momentum * buf + (1.0 - self.momentum) * g)
+            u = (1.0 - self.momentum) * g + self.momentum * buf if self.nesterov else buf
+            rows, cols = (p.shape[0], math.prod(p.shape[1:])) if p.ndim else (1, 1)
+            ortho = self._orthogonalized(u.reshape(rows, cols)).reshape(p.shape)
+            if self.adjust_lr_fn == "match_rms_adamw":
+                scale = 0.2 * math.sqrt(max(rows, cols))
+            else:
+                scale = math.sqrt(max(1.0, rows / cols))
+            lr = self._lr(p)
+            decayed = p.detach().float() * (1.0 - lr * self.weight_decay)
+            p.assign((decayed - lr * scale * ortho).cast(p.dtype))
+        return self.b
