@@ -170,6 +170,87 @@ def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts) -> N
     assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
 
 
+# *** ldmatrix ***
+
+# CUDA sm_80's tensor cores, cp.async and ldmatrix
+LDMATRIX_GPU = py.PythonRenderer(
+    py.GPUTarget(
+        name="LDMGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32, async_copy=True, ldmatrix=True
+    )
+)
+
+
+def bmm_transposed_a(m: int, n: int, k: int, dtype: DType) -> Case:
+    """C = A @ B with A stored as (k, m), so its fragments need the transposing form of ldmatrix too."""
+    a_store, a = _encode(RNG.standard_normal((k, m)), dtype)
+    b_store, b = _encode(RNG.standard_normal((k, n)), dtype)
+    x = load(1, dtype, st(1, k, m).permute((2, 0, 1)).expand((m, n, k)))
+    y = load(2, dtype, st(1, k, n).permute((0, 2, 1)).expand((m, n, k)))
+    ast = sink(store(0, reduce(x.cast(dtypes.float32) * y.cast(dtypes.float32), Ops.ADD, (2,)), st(m, n, 1)))
+    return Case(f"atb_{m}x{n}x{k}_{dtype.name}", ast, {1: a_store, 2: b_store}, {0: (a.T @ b).reshape(-1)}, 1e-3)
+
+
+def _ldmatrix_forms(spec) -> set[tuple[int, bool]]:
+    return {u.arg for u in spec.uops if u.op is Ops.LDMATRIX}
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize(
+    ("shape", "opts"),
+    [
+        # the default tiles (multiples of the tensor core, not of the 128x128 tile; padded M and N)
+        ((1, 64, 64, 64), None),
+        ((2, 48, 40, 72), None),
+        # two M tiles per warp, two warps, K step 32 over 3 steps
+        ((1, 64, 32, 96), [*TC, Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)]),
+        # padded to the core, an odd number of reduce steps
+        ((1, 40, 20, 40), [*TC, Opt(OptOps.LOCAL, 0, 3)]),
+    ],
+)
+def test_ldmatrix_fragments_match_numpy(dtype: DType, shape, opts) -> None:
+    spec = _staged_run(bmm(*shape, dtype), LDMATRIX_GPU, None if opts is None else [*opts, Opt(OptOps.STAGE)])
+    # every fragment comes from an LDMATRIX: no plain load of local memory feeds a WMMA; A (K contiguous in local
+    # memory) loads its 4 matrices without transposing
+    assert _loads_feeding(spec, Ops.WMMA) == set()
+    forms = _ldmatrix_forms(spec)
+    assert (4, False) in forms
+    if shape[1:] == (64, 64, 64):
+        # B's tile keeps N contiguous (an unpadded view): read transposed
+        assert any(trans for _, trans in forms)
+
+
+def test_ldmatrix_transposes_a_column_major_a() -> None:
+    spec = _staged_run(bmm_transposed_a(64, 32, 48, dtypes.float16), LDMATRIX_GPU, None)
+    assert _loads_feeding(spec, Ops.WMMA) == set()
+    assert _ldmatrix_forms(spec) and all(trans for _, trans in _ldmatrix_forms(spec))
+
+
+def test_ldmatrix_convolution_matches_numpy() -> None:
+    spec = _staged_run(conv(2, 16, 16, 8, dtypes.float16), LDMATRIX_GPU, None)
+    assert Ops.LDMATRIX in _ops(spec)
+
+
+@given(
+    st_.lists(st_.integers(0, 63), min_size=8, max_size=8, unique=True),
+    st_.booleans(),
+    st_.integers(0, 3).map(lambda s: 8 * s),
+)
+@settings(max_examples=60, deadline=None)
+def test_ldmatrix_plan_recovers_the_rows_of_a_fragment(rows: list[int], trans: bool, shift: int) -> None:
+    # the element offsets of one matrix as the PTX ISA hands it out (lane l: row l // 4, columns 2(l % 4) and the
+    # next, or the transpose), rows at 16-element steps: the plan finds the 8 row offsets; an offset moved by one
+    # element breaks the distribution and is refused
+    starts = [16 * r + shift for r in rows]
+    if trans:
+        first = tuple(starts[2 * (t % 4)] + t // 4 for t in range(32))
+        second = tuple(starts[2 * (t % 4) + 1] + t // 4 for t in range(32))
+    else:
+        first = tuple(starts[t // 4] + 2 * (t % 4) for t in range(32))
+        second = tuple(f + 1 for f in first)
+    assert staging.ldmatrix_plan([first, second]) == [(trans, [(((0,), (1,)), tuple(starts))])]
+    assert staging.ldmatrix_plan([first, tuple(s + 1 for s in second)]) is None
+
+
 # *** FMA units ***
 
 
@@ -319,6 +400,9 @@ def _worst_bank_conflict(spec) -> int:
     over the local-memory reads of 4 bytes or less in `spec`: 1 means conflict-free."""
     worst = 1
     for u in spec.uops:
+        if u.op is Ops.LDMATRIX:
+            worst = max(worst, _ldmatrix_bank_conflict(u))
+            continue
         if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL or u.dtype.itemsize > 4:
             continue
         idx = u.src[0].src[1]
@@ -332,11 +416,29 @@ def _worst_bank_conflict(spec) -> int:
     return worst
 
 
+def _ldmatrix_bank_conflict(u: UOp) -> int:
+    """The same for one LDMATRIX, which reads each 8x8 matrix in one pass: 8 rows of 16 bytes (4 words), row r's
+    address given by lane 8i + r for matrix i."""
+    idx = u.src[0].src[1]
+    env = {n: 0 for n in idx.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
+    worst = 1
+    for i in range(u.arg[0]):
+        words: dict[int, set[int]] = {}
+        for lane in range(8 * i, 8 * i + 8):
+            env.update({n: lane for n in env if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"})
+            first = sym_infer(idx, env) * 2 // 4
+            for word in range(first, first + 4):
+                words.setdefault(word % 32, set()).add(word)
+        worst = max(worst, *(len(w) for w in words.values()))
+    return worst
+
+
 def test_tensor_core_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
     cuda = pytest.importorskip("lazygrad_cuda.renderer")
     renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
     ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float16)
-    assert _worst_bank_conflict(get_program(ast, renderer)) == 1
+    spec = get_program(ast, renderer)
+    assert Ops.LDMATRIX in _ops(spec) and _worst_bank_conflict(spec) == 1
     # without the padding of the rows, the fragments of A (8 rows of 64 bytes) and B collide
     monkeypatch.setattr(staging, "PAD_FROM_BYTES", 1 << 30)
     assert _worst_bank_conflict(get_program(ast, renderer)) > 1
