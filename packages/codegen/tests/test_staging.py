@@ -11,8 +11,9 @@ from codegen_cases import Case, check, run_python
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
-from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program, staging
+from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program, staging, tiling
 from lazygrad_codegen.heuristic import hand_coded_optimizations
+from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
 from lazygrad_codegen.staging import LAUNCH_GROUPS, grouped_launch, plan
 from lazygrad_uop.dtype import DType, dtypes
@@ -105,7 +106,7 @@ def _loads_feeding(spec, op: Ops) -> set[Ops]:
 def _staged_run(case: Case, renderer, opts: list[Opt] | None):
     out, spec = run_python(case.ast, renderer, opts, case.inputs)
     check(case, out, f"{case.name} {spec.opts}")
-    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
+    assert any(o.op is OptOps.STAGE for o in spec.opts), spec.opts
     assert Ops.DEFINE_LOCAL in _ops(spec) and Ops.BARRIER in _ops(spec)
     return spec
 
@@ -168,6 +169,148 @@ def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts) -> N
     assert Ops.ASYNC_COPY in ops[:loop] and Ops.ASYNC_WAIT in ops[loop:]
     assert ops.index(Ops.ASYNC_WAIT) < ops.index(Ops.BARRIER) < len(ops) - ops[::-1].index(Ops.ASYNC_COPY)
     assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
+
+
+# *** ldmatrix ***
+
+# CUDA sm_80's tensor cores, cp.async and ldmatrix
+LDMATRIX_GPU = py.PythonRenderer(
+    py.GPUTarget(
+        name="LDMGPU", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32, async_copy=True, ldmatrix=True
+    )
+)
+
+
+def bmm_transposed_a(m: int, n: int, k: int, dtype: DType) -> Case:
+    """C = A @ B with A stored as (k, m), so its fragments need the transposing form of ldmatrix too."""
+    a_store, a = _encode(RNG.standard_normal((k, m)), dtype)
+    b_store, b = _encode(RNG.standard_normal((k, n)), dtype)
+    x = load(1, dtype, st(1, k, m).permute((2, 0, 1)).expand((m, n, k)))
+    y = load(2, dtype, st(1, k, n).permute((0, 2, 1)).expand((m, n, k)))
+    ast = sink(store(0, reduce(x.cast(dtypes.float32) * y.cast(dtypes.float32), Ops.ADD, (2,)), st(m, n, 1)))
+    return Case(f"atb_{m}x{n}x{k}_{dtype.name}", ast, {1: a_store, 2: b_store}, {0: (a.T @ b).reshape(-1)}, 1e-3)
+
+
+def _ldmatrix_forms(spec) -> set[tuple[int, bool]]:
+    return {u.arg for u in spec.uops if u.op is Ops.LDMATRIX}
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize(
+    ("shape", "opts"),
+    [
+        # the default tiles (multiples of the tensor core, not of the 128x128 tile; padded M and N)
+        ((1, 64, 64, 64), None),
+        ((2, 48, 40, 72), None),
+        # two M tiles per warp, two warps, K step 32 over 3 steps
+        ((1, 64, 32, 96), [*TC, Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.UNROLL, 0, 2)]),
+        # padded to the core, an odd number of reduce steps
+        ((1, 40, 20, 40), [*TC, Opt(OptOps.LOCAL, 0, 3)]),
+    ],
+)
+def test_ldmatrix_fragments_match_numpy(dtype: DType, shape, opts) -> None:
+    spec = _staged_run(bmm(*shape, dtype), LDMATRIX_GPU, None if opts is None else [*opts, Opt(OptOps.STAGE)])
+    # every fragment comes from an LDMATRIX: no plain load of local memory feeds a WMMA; A (K contiguous in local
+    # memory) loads its 4 matrices without transposing
+    assert _loads_feeding(spec, Ops.WMMA) == set()
+    forms = _ldmatrix_forms(spec)
+    assert (4, False) in forms
+    if shape[1:] == (64, 64, 64):
+        # B's tile keeps N contiguous (an unpadded view): read transposed
+        assert any(trans for _, trans in forms)
+
+
+def test_ldmatrix_transposes_a_column_major_a() -> None:
+    spec = _staged_run(bmm_transposed_a(64, 32, 48, dtypes.float16), LDMATRIX_GPU, None)
+    assert _loads_feeding(spec, Ops.WMMA) == set()
+    assert _ldmatrix_forms(spec) and all(trans for _, trans in _ldmatrix_forms(spec))
+
+
+def test_ldmatrix_convolution_matches_numpy() -> None:
+    spec = _staged_run(conv(2, 16, 16, 8, dtypes.float16), LDMATRIX_GPU, None)
+    assert Ops.LDMATRIX in _ops(spec)
+
+
+@given(
+    st_.lists(st_.integers(0, 63), min_size=8, max_size=8, unique=True),
+    st_.booleans(),
+    st_.integers(0, 3).map(lambda s: 8 * s),
+)
+@settings(max_examples=60, deadline=None)
+def test_ldmatrix_plan_recovers_the_rows_of_a_fragment(rows: list[int], trans: bool, shift: int) -> None:
+    # the element offsets of one matrix as the PTX ISA hands it out (lane l: row l // 4, columns 2(l % 4) and the
+    # next, or the transpose), rows at 16-element steps: the plan finds the 8 row offsets; an offset moved by one
+    # element breaks the distribution and is refused
+    starts = [16 * r + shift for r in rows]
+    if trans:
+        first = tuple(starts[2 * (t % 4)] + t // 4 for t in range(32))
+        second = tuple(starts[2 * (t % 4) + 1] + t // 4 for t in range(32))
+    else:
+        first = tuple(starts[t // 4] + 2 * (t % 4) for t in range(32))
+        second = tuple(f + 1 for f in first)
+    assert staging.ldmatrix_plan([first, second]) == [(trans, [(((0,), (1,)), tuple(starts))])]
+    assert staging.ldmatrix_plan([first, tuple(s + 1 for s in second)]) is None
+
+
+# *** BEAM over staged tiles ***
+
+
+def test_staged_tiles_vary_warps_register_tile_k_step_and_stages() -> None:
+    ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float16)
+    tiles = tiling.staged_tiles(Kernel(ast, ASYNC_TC_GPU))
+    opts = [tuple(t.applied_opts) for t in tiles]
+    assert len(set(opts)) == len(opts), "no tile is offered twice"
+    assert all(t.staged and t.tensor_core is not None for t in tiles)
+    # every one fits the renderer's shared memory and threads: STAGE and LOCAL checked them before compiling
+    assert all(sum(o.bytes for o in plan(t)) <= ASYNC_TC_GPU.shared_max for t in tiles)
+    assert all(t.workgroup_threads() <= ASYNC_TC_GPU.max_workgroup_threads for t in tiles)
+    # the default tile is one of them; around it, 4 and 8 warps, 2x2 to 4x4 mma tiles per warp, K steps of 16 and 32
+    assert tuple(hand_coded_optimizations(Kernel(ast, ASYNC_TC_GPU)).applied_opts) in opts
+    assert {t.workgroup_threads() // 32 for t in tiles} == {4, 8}
+    assert {t.lanes(AxisType.UPCAST) for t in tiles} == {4, 8, 16}
+    assert {16 * t.lanes(AxisType.UNROLL) for t in tiles} == {16, 32}
+    assert {t.stages for t in tiles} == {1, 2}
+    # the largest tiles (256 rows of A over 4 warps along M) need more than 48 KB with both stages' buffers: not offered
+    assert len(tiles) < 2 * 4 * 5 * 2
+    # not matmul-like, or with opts already: nothing to offer
+    assert tiling.staged_tiles(Kernel(ast, ASYNC_TC_GPU).apply_opts([Opt(OptOps.UPCAST, 0, 2)])) == []
+
+
+def test_one_stage_keeps_synchronous_copies() -> None:
+    case = bmm(1, 64, 32, 96, dtypes.float16)
+    spec = _staged_run(case, ASYNC_TC_GPU, [*TC, Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.STAGE, None, 1)])
+    assert Ops.ASYNC_COPY not in _ops(spec) and Ops.ASYNC_WAIT not in _ops(spec)
+    with pytest.raises(KernelOptError, match="1 or 2 pipeline stages"):
+        Kernel(case.ast, ASYNC_TC_GPU).apply_opts([*TC, Opt(OptOps.STAGE, None, 3)])
+
+
+def test_beam_times_the_staged_tiles_and_returns_a_correct_cached_program(tmp_path, monkeypatch) -> None:
+    from lazygrad_codegen import search
+    from lazygrad_uop.config import Context
+
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    # the generic actions are covered elsewhere; here only SWAP may extend a kernel, to keep the emulated search short
+    monkeypatch.setattr(search, "ACTIONS", [Opt(OptOps.SWAP, 0, 1)])
+    case = bmm(1, 64, 32, 32, dtypes.float16)
+    tiles = {tuple(t.applied_opts) for t in tiling.staged_tiles(Kernel(case.ast, LDMATRIX_GPU))}
+    assert len(tiles) >= 2
+    timed: set[tuple] = set()
+    evaluate = search._evaluate
+
+    def recording(*args, **kwargs):
+        out = evaluate(*args, **kwargs)
+        timed.update(tuple(k.applied_opts) for k, _ in out)
+        return out
+
+    monkeypatch.setattr(search, "_evaluate", recording)
+    with Context(BEAM=1):
+        out, spec = run_python(case.ast, LDMATRIX_GPU, None, case.inputs)
+    check(case, out, f"BEAM opts {spec.opts}")
+    # every staged tile compiled, ran and matched the unoptimised kernel's outputs (wrong ones are dropped)
+    assert tiles <= timed
+    monkeypatch.setattr(search, "_search", lambda *a, **k: pytest.fail("the second search must come from the cache"))
+    with Context(BEAM=1):
+        assert get_program(case.ast, LDMATRIX_GPU).opts == spec.opts
 
 
 # *** FMA units ***
@@ -319,6 +462,9 @@ def _worst_bank_conflict(spec) -> int:
     over the local-memory reads of 4 bytes or less in `spec`: 1 means conflict-free."""
     worst = 1
     for u in spec.uops:
+        if u.op is Ops.LDMATRIX:
+            worst = max(worst, _ldmatrix_bank_conflict(u))
+            continue
         if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL or u.dtype.itemsize > 4:
             continue
         idx = u.src[0].src[1]
@@ -332,11 +478,29 @@ def _worst_bank_conflict(spec) -> int:
     return worst
 
 
+def _ldmatrix_bank_conflict(u: UOp) -> int:
+    """The same for one LDMATRIX, which reads each 8x8 matrix in one pass: 8 rows of 16 bytes (4 words), row r's
+    address given by lane 8i + r for matrix i."""
+    idx = u.src[0].src[1]
+    env = {n: 0 for n in idx.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
+    worst = 1
+    for i in range(u.arg[0]):
+        words: dict[int, set[int]] = {}
+        for lane in range(8 * i, 8 * i + 8):
+            env.update({n: lane for n in env if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"})
+            first = sym_infer(idx, env) * 2 // 4
+            for word in range(first, first + 4):
+                words.setdefault(word % 32, set()).add(word)
+        worst = max(worst, *(len(w) for w in words.values()))
+    return worst
+
+
 def test_tensor_core_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
     cuda = pytest.importorskip("lazygrad_cuda.renderer")
     renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
     ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float16)
-    assert _worst_bank_conflict(get_program(ast, renderer)) == 1
+    spec = get_program(ast, renderer)
+    assert Ops.LDMATRIX in _ops(spec) and _worst_bank_conflict(spec) == 1
     # without the padding of the rows, the fragments of A (8 rows of 64 bytes) and B collide
     monkeypatch.setattr(staging, "PAD_FROM_BYTES", 1 << 30)
     assert _worst_bank_conflict(get_program(ast, renderer)) > 1

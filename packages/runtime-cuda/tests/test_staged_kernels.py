@@ -69,6 +69,9 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
             if "matmul" in what and "fp32" not in what:
                 # whole 16-byte rows of both operands: copied by cp.async in a two-stage pipeline
                 assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
+                # fragments read from shared memory as 8x8 matrices, B's transposed
+                assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in spec.src, f"{what}: {spec.name} has no ldmatrix"
+                assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in spec.src
             for arch in ("sm_80", "sm_90"):
                 log = nvrtc_compile(spec.src, arch, spec.name, options=("--ptxas-options=-v",)).log
                 found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
@@ -83,3 +86,8 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
 def test_asynchronous_copies_start_at_ampere() -> None:
     assert CUDARenderer("sm_80").has_async_copy and CUDARenderer("sm_90").has_async_copy
     assert not CUDARenderer("sm_75").has_async_copy
+
+
+def test_ldmatrix_starts_at_turing() -> None:
+    assert CUDARenderer("sm_75").has_ldmatrix and CUDARenderer("sm_90").has_ldmatrix
+    assert not CUDARenderer("sm_70").has_ldmatrix

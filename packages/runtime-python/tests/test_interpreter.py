@@ -260,3 +260,50 @@ def test_asynchronous_copies_land_at_the_wait_with_zeros_where_invalid() -> None
     np.testing.assert_array_equal(got[:n], np.full(n, 7.0))
     landed = np.where(np.repeat(np.arange(n) < 6, 2), x, 0).reshape(n, 2)[::-1].ravel()
     np.testing.assert_array_equal(got[n : 3 * n], landed)
+
+
+@pytest.mark.parametrize(("matrices", "trans"), [(4, False), (4, True), (2, True), (1, False)])
+def test_ldmatrix_hands_each_lane_the_ptx_fragment_of_rows_at_addresses_the_threads_give(matrices, trans) -> None:
+    # local memory holds 64 rows of 8 halves at a padded stride of 16 (512 halves); thread t gives the address of
+    # row t % 8 of matrix t // 8, read from a table of shuffled rows; per the PTX ISA, lane l then holds elements
+    # (l // 4, 2 (l % 4)) and (l // 4, 2 (l % 4) + 1) of each matrix, or of its transpose with .trans
+    n, size = 32, 512
+    x = RNG.permutation(size).astype(np.float16)  # distinct integers, exact in fp16
+    rows = RNG.permutation(size // 16)[:n].astype(np.int32) * 16 + RNG.integers(0, 2, n).astype(np.int32) * 8
+    out, inp, table = glob(0, dtypes.float16, 2 * matrices * n), glob(1, dtypes.float16, size), glob(2, dtypes.int32, n)
+    lid = UOp.special(n, "lidx0")
+    lmem = UOp(Ops.DEFINE_LOCAL, dtypes.float16.ptr(size, local=True), arg="tile")
+    fills = [store(lmem, lid + k * n, load(inp, lid + k * n)) for k in range(size // n)]
+    barrier = UOp(Ops.BARRIER, dtypes.void, tuple(fills))
+    address = load(table, lid)
+    frag = UOp(Ops.LDMATRIX, dtypes.float16.vec(2 * matrices), (index(lmem, address), barrier), (matrices, trans))
+    outs = [
+        store(out, lid * 2 * matrices + j, UOp(Ops.GEP, dtypes.float16, (frag,), (j,))) for j in range(2 * matrices)
+    ]
+    uops = program(out, inp, table, lmem, lid, *fills, barrier, address, frag, *outs)
+    got = run(uops, np.zeros(2 * matrices * n, np.float16), x, rows, local_size=(n, 1, 1))[0].reshape(n, matrices, 2)
+    for i in range(matrices):
+        mat = np.stack([x[rows[8 * i + r] : rows[8 * i + r] + 8] for r in range(8)])
+        if trans:
+            mat = mat.T
+        for lane in range(n):
+            np.testing.assert_array_equal(got[lane, i], mat[lane // 4, 2 * (lane % 4) : 2 * (lane % 4) + 2])
+
+
+def _ldmatrix_program(n: int, row: int) -> list[UOp]:
+    # n threads, thread t giving row address t * row + 4 ... or t * row: 4 elements past alignment when `row` is odd
+    inp, out = glob(1, dtypes.float16, 256), glob(0, dtypes.float16, 8 * n)
+    lid = UOp.special(n, "lidx0")
+    lmem = UOp(Ops.DEFINE_LOCAL, dtypes.float16.ptr(512, local=True), arg="tile")
+    frag = UOp(Ops.LDMATRIX, dtypes.float16.vec(8), (index(lmem, lid * 8 + 4 * (row % 2)),), (4, False))
+    outs = [store(out, lid * 8 + j, UOp(Ops.GEP, dtypes.float16, (frag,), (j,))) for j in range(8)]
+    return program(out, inp, lmem, lid, frag, *outs)
+
+
+def test_ldmatrix_refuses_unaligned_rows_and_partial_warps() -> None:
+    with pytest.raises(InterpreterError, match="16-byte aligned"):
+        run(_ldmatrix_program(32, 1), np.zeros(256, np.float16), np.zeros(256, np.float16), local_size=(32, 1, 1))
+    with pytest.raises(InterpreterError, match="partial warp"):
+        run(_ldmatrix_program(16, 0), np.zeros(128, np.float16), np.zeros(256, np.float16), local_size=(16, 1, 1))
+    # aligned rows in a full warp run
+    run(_ldmatrix_program(32, 0), np.zeros(256, np.float16), np.zeros(256, np.float16), local_size=(32, 1, 1))

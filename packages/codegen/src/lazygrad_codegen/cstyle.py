@@ -302,6 +302,12 @@ class CStyleLanguage(Renderer):
         """The statement that waits for this thread's asynchronous copies."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
+    def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
+        """The statement that declares `name` of `dtype` and loads `matrices` 8x8 matrices into it from the row
+        addresses in local memory that the warp's threads give (`Ops.LDMATRIX`); only for a dialect with
+        `has_ldmatrix`."""
+        raise NotImplementedError(f"{type(self).__name__} has no ldmatrix (has_ldmatrix is False)")
+
     def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
         """The whole source: prelude and helpers, the signature with `params` (name, dtype) in order, and the body
         lines of the linear program `uops`."""
@@ -419,6 +425,9 @@ class CStyleLanguage(Renderer):
                 line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
             elif op is Ops.ASYNC_WAIT:
                 line(self.render_async_wait())
+            elif op is Ops.LDMATRIX:
+                r[u] = fresh("frag")
+                line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))
             elif op is Ops.DEFINE_ACC:
                 r[u] = f"acc{u.arg[0]}"
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")

@@ -23,6 +23,8 @@ kernel the same way:
   core's dims;
 - `STAGE`: the workgroup copies the tiles of the reduction's operands into local memory once per reduce step and
   reads them from there (`lazygrad_codegen.staging`); only SWAP may follow it, since the tiles are sized by then.
+  `STAGE` with arg 1 keeps one stage (copies, then a barrier, in every step) where the renderer could pipeline
+  asynchronous copies over two (arg None or 2, the default).
 
 `axis` is an index into the kernel's GLOBAL axes for UPCAST, LOCAL and SWAP, into its REDUCE axes for UNROLL, GROUP
 and GROUPTOP. `amt` 0 means the whole axis. An opt that does not fit the kernel or the renderer's limits raises
@@ -227,6 +229,8 @@ class Kernel:
     reduce_mask: UOp | None = field(init=False, default=None)
     # STAGE: the reduction's operands are copied through local memory (`lazygrad_codegen.staging`)
     staged: bool = field(init=False, default=False)
+    # STAGE's pipeline stages: 2 lets asynchronous copies of the next step overlap this one, 1 does not
+    stages: int = field(init=False, default=2)
 
     def __post_init__(self) -> None:
         self.shape = kernel_shape(self.ast)
@@ -437,7 +441,7 @@ class Kernel:
         if opt.op is OptOps.STAGE:
             from lazygrad_codegen.staging import apply_stage
 
-            apply_stage(self)
+            apply_stage(self, opt.arg)
             return
         if opt.op is OptOps.TC:
             from lazygrad_codegen.tensor_cores import apply_tensor_core

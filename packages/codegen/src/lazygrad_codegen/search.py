@@ -3,10 +3,12 @@
 Each round extends every kernel of the beam by each opt of `ACTIONS` that is valid for it (invalid ones raise
 `KernelOptError` and are skipped), renders and compiles the candidates in parallel processes (forked, one per core),
 runs each on the device on buffers of random data, drops any whose outputs differ from the unoptimised kernel's,
-and keeps the `width` fastest. The search starts from the faster of the unoptimised kernel and the hand-coded
-heuristics' choice, so the result is never slower than the default, and stops when a round finds nothing faster
-than the best so far (confirmed by timing both again) or after `BEAM_TIMEOUT` seconds. The chosen opts are cached on
-disk per (kernel, device, renderer), so a kernel is searched once per machine.
+and keeps the `width` fastest. The search starts from the fastest of the unoptimised kernel, the hand-coded
+heuristics' choice and, for matmul-like kernels on GPUs, the staged tiles around the default
+(`tiling.staged_tiles`: warps per workgroup, register tile, K step, one or two pipeline stages, which no single opt
+can vary once STAGE is applied), so the result is never slower than the default, and stops when a round finds
+nothing faster than the best so far (confirmed by timing both again) or after `BEAM_TIMEOUT` seconds. The chosen
+opts are cached on disk per (kernel, device, renderer), so a kernel is searched once per machine.
 
 `DEBUG>=2` prints each round's best candidate.
 """
@@ -243,6 +245,7 @@ def beam_search(k: Kernel, width: int, timeout_s: float | None = None) -> Kernel
 def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> tuple[Kernel, bool]:
     """The fastest kernel found, and whether the search ran to its end (False: the time limit stopped it)."""
     from lazygrad_codegen.heuristic import hand_coded_optimizations
+    from lazygrad_codegen.tiling import staged_tiles
 
     start = time.perf_counter()
     bench = _bench(k, device, device.device)
@@ -257,7 +260,12 @@ def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> 
         # the search starts from the faster of the unoptimised kernel and the hand-coded choice, so it only ever
         # improves on the default (and does not spend its time extending a kernel that is far from fast)
         hand = hand_coded_optimizations(k.copy())
-        tried = _evaluate({tuple(hand.applied_opts): hand}, device, bench, reference, seen, None, base_time)
+        seeds = {tuple(hand.applied_opts): hand}
+        # staged tiles around the default (warps, register tile, K step, pipeline stages): STAGE fixes the tiles, so
+        # the actions below can't reach them from the default; each is a whole tile that has passed every opt's checks
+        for tile in staged_tiles(k):
+            seeds.setdefault(tuple(tile.applied_opts), tile)
+        tried = _evaluate(seeds, device, bench, reference, seen, pool, base_time)
         beam = sorted([(k, base_time), *tried], key=lambda kt: kt[1])[:1]
         best, best_time = beam[0]
         while time.perf_counter() - start < timeout_s:

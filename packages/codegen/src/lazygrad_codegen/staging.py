@@ -162,9 +162,13 @@ def plan(k: Kernel) -> list[StagedOperand]:
     return out
 
 
-def apply_stage(k: Kernel) -> None:
-    """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError."""
+def apply_stage(k: Kernel, stages: int | None = None) -> None:
+    """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError.
+    `stages` (the opt's arg): 1 for copies and a barrier in each step, 2 or None to pipeline asynchronous copies
+    where the renderer has them."""
     r = k.renderer
+    if stages not in (None, 1, 2):
+        raise KernelOptError(f"STAGE takes 1 or 2 pipeline stages (or None for 2), got {stages!r}")
     if not (r.has_local and r.has_shared and k.use_locals):
         raise KernelOptError(f"STAGE needs local dimensions and shared memory, which {type(r).__name__} lacks")
     if k.staged:
@@ -185,7 +189,7 @@ def apply_stage(k: Kernel) -> None:
         raise KernelOptError(
             f"staging needs {need} bytes of local memory, over the renderer's shared_max {r.shared_max}"
         )
-    k.staged = True
+    k.staged, k.stages = True, 2 if stages is None else stages
 
 
 # rows of workgroup tiles a grouped launch order walks together (the largest that divides the rows)
@@ -240,11 +244,14 @@ class Stager:
         return (step % 2) * o.slot
 
     def _asynchronous(self, n_threads: int) -> bool:
-        """Whether the copies can be `ASYNC_COPY`s: a renderer that has them, a reduce loop of int sizes, and every
+        """Whether the copies can be `ASYNC_COPY`s: two stages (STAGE's default), a renderer that has them, a reduce
+        loop of int sizes, and every
         operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
         memory (not an FMA kernel's transposed tile)."""
         k = self.k
-        if not k.renderer.has_async_copy or not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
+        if k.stages < 2 or not k.renderer.has_async_copy:
+            return False
+        if not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
             return False
         return all(
             o.slots == 2 and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
@@ -342,12 +349,16 @@ class Stager:
         return load in self.operands
 
     def read(self, load: UOp, lanes: _Lanes) -> UOp:
-        """The staged operand `load` in the lane context `lanes`: one read of local memory per lane."""
+        """The staged operand `load` in the lane context `lanes`: tensor-core fragments by `LDMATRIX` where the
+        renderer has it and the layout fits (`ldmatrix_plan`), one read of local memory per lane otherwise."""
         if self.barrier is None:
             self.barrier = self._build()
         o, buf = self.operands[load], self.buffers[load]
         local = dict(o.local_strides)
         base = self._slot_offset(o)
+        fragments = self._ldmatrix(load, lanes)
+        if fragments is not None:
+            return fragments
         out = []
         for coord in lanes.coords():
             idxs = self.lw.idxs(lanes, coord)
@@ -356,3 +367,124 @@ class Stager:
                 lidx = lidx + idxs[a] * stride
             out.append(UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), self.barrier)))
         return vectorize(out)
+
+    def _ldmatrix(self, load: UOp, lanes: _Lanes) -> UOp | None:
+        """The fragments of `load` in `lanes` (a tensor core's A or B) read by `LDMATRIX`s, or None when the renderer
+        lacks it or the layout does not fit (see `ldmatrix_plan`)."""
+        k, lw = self.k, self.lw
+        tc = k.tensor_core
+        if not k.renderer.has_ldmatrix or tc is None or lanes.operand not in ("A", "B") or tc.threads != 32:
+            return None
+        if load.dtype.itemsize != 2 or lw.tc_thread is None:
+            return None
+        o, buf = self.operands[load], self.buffers[load]
+        local = dict(o.local_strides)
+        layout = lw.layouts[lanes.operand]
+        tc_dims = {AxisType.TC_M: "m", AxisType.TC_N: "n", AxisType.TC_K: "k"}
+        coords = lanes.coords()
+        # the part of the address every lane of the warp shares: the slot and the warp's own (LOCAL) tile
+        base = self._slot_offset(o)
+        shared = [o.slot] if o.slots > 1 else []
+        idxs = lw.idxs(lanes, coords[0])
+        for a, stride in local.items():
+            if a not in coords[0] and k.axis_types[a] not in tc_dims:
+                base = base + idxs[a] * stride
+                shared.append(stride)
+        if any(s % 8 for s in shared):
+            return None  # a row of a matrix must start 16 bytes into local memory
+        # each element's offset from `base` in every lane: registers and UPCAST/UNROLL lanes are constants
+        offsets = []
+        for coord in coords:
+            per_lane = []
+            for lane in range(32):
+                off = 0
+                for a, stride in local.items():
+                    if a in coord:
+                        off += coord[a] * stride
+                    elif k.axis_types[a] in tc_dims:
+                        off += _coordinate(layout, tc_dims[k.axis_types[a]], lane, coord["reg"]) * stride
+                per_lane.append(off)
+            offsets.append(tuple(per_lane))
+        plan_ = ldmatrix_plan(offsets)
+        if plan_ is None:
+            return None
+        # thread t gives row t % 8 of matrix t // 8; the address must be a sum of one weight per bit of the lane
+        tables = [[matrices[(t // 8) % len(matrices)][1][t % 8] for t in range(32)] for _, matrices in plan_]
+        for rows in tables:
+            weights = [rows[1 << b] - rows[0] for b in range(5)]
+            if any(rows[t] != rows[0] + sum(w for b, w in enumerate(weights) if t >> b & 1) for t in range(32)):
+                return None
+        lane = lw.tc_thread
+        values: list[UOp | None] = [None] * len(offsets)
+        for (trans, matrices), rows in zip(plan_, tables, strict=True):
+            address = base + rows[0]
+            for b in range(5):
+                weight = rows[1 << b] - rows[0]
+                if weight:
+                    address = address + ((lane if b == 0 else lane // (1 << b)) % 2) * weight
+            index = UOp(Ops.INDEX, buf.dtype, (buf, address))
+            frag = UOp(Ops.LDMATRIX, load.dtype.vec(2 * len(matrices)), (index, self.barrier), (len(matrices), trans))
+            for i, (elements, _) in enumerate(matrices):
+                for half_, element in enumerate(elements):
+                    for e in element:
+                        values[e] = gep(frag, (2 * i + half_,))
+        assert all(v is not None for v in values)
+        return vectorize(values)  # type: ignore[arg-type]
+
+
+def _coordinate(layout, dim: str, lane: int, register: int) -> int:  # type: ignore[no-untyped-def]
+    """`tensor_cores.coordinate` for a known lane: coordinate `dim` of the element `lane` holds in `register`."""
+    value = sum(((register >> rb) & 1) << int(n[1:]) for rb, n in enumerate(layout.register_bits) if n[0] == dim)
+    value += sum(((lane >> tb) & 1) << int(n[1:]) for tb, n in enumerate(layout.thread_bits) if n and n[0] == dim)
+    return value
+
+
+Matrix = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]]
+"""One 8x8 matrix of an LDMATRIX: the fragment elements that its two lanes per thread give (each a tuple, since
+equal elements are read once), and the offsets of its 8 rows."""
+
+
+def ldmatrix_plan(offsets: list[tuple[int, ...]]) -> list[tuple[bool, list[Matrix]]] | None:
+    """How a warp's fragment, whose element e sits at `offsets[e][lane]` of local memory (relative to a 16-byte
+    aligned address every lane shares), is read by LDMATRIXs: a list of (trans, matrices), at most 4 matrices each;
+    None when some element doesn't fit the instruction's distribution.
+
+    Elements go in pairs (2j, 2j + 1), the two 16-bit halves of one register of one matrix. Without trans lane l
+    holds row l // 4, columns 2(l % 4) and the next, so the pair is (R[l // 4] + 2(l % 4), that + 1) for 8 row
+    offsets R; with trans it is (R[2(l % 4)] + l // 4, R[2(l % 4) + 1] + l // 4). Rows must be 16-byte aligned,
+    and pairs that read the same offsets in every lane (an operand repeated along an axis it doesn't read) share
+    one matrix."""
+    if len(offsets) % 2 or any(len(o) != 32 for o in offsets):
+        return None
+    found: dict[tuple[bool, tuple[int, ...]], list[tuple[int, ...]]] = {}
+    for j in range(0, len(offsets), 2):
+        first, second = offsets[j], offsets[j + 1]
+        straight = tuple(first[4 * r] for r in range(8))
+        trans = tuple((first, second)[r % 2][r // 2] for r in range(8))
+        if all(first[t] == straight[t // 4] + 2 * (t % 4) and second[t] == first[t] + 1 for t in range(32)):
+            key = (False, straight)
+        elif all(
+            first[t] == trans[2 * (t % 4)] + t // 4 and second[t] == trans[2 * (t % 4) + 1] + t // 4 for t in range(32)
+        ):
+            key = (True, trans)
+        else:
+            return None
+        if any(row % 8 for row in key[1]):
+            return None
+        found.setdefault(key, []).append((j, j + 1))
+    out: list[tuple[bool, list[Matrix]]] = []
+    for flag in (False, True):
+        mats: list[Matrix] = []
+        for (t, rows), pairs in found.items():
+            if t is flag:
+                mats.append(((tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)), rows))
+        for n in range(0, len(mats), 4):
+            out.append((flag, mats[n : n + 4]))
+    # an instruction loads 1, 2 or 4 matrices: a group of 3 becomes one of 2 and one of 1
+    fixed: list[tuple[bool, list[Matrix]]] = []
+    for flag, mats in out:
+        if len(mats) == 3:
+            fixed += [(flag, mats[:2]), (flag, mats[2:])]
+        else:
+            fixed.append((flag, mats))
+    return fixed

@@ -133,3 +133,78 @@ def staged_matmul(k: Kernel) -> bool:
         return False
     k.__dict__.update(trial.__dict__)
     return True
+
+
+TC_VARIANTS = {
+    "M": (2, 4),
+    "N": (2, 4),
+    "warps": ((1, 4), (2, 2), (4, 1), (2, 4), (4, 2)),
+    "K": (1, 2),
+}
+"""The staged tensor-core tiles BEAM tries around the default: register tile (UPCAST M, N), warps (LOCAL M x N), and
+K step (UNROLL), each combination with one and with two pipeline stages."""
+FMA_VARIANTS = {
+    "M": (4, 8),
+    "N": (4, 8),
+    "warps": ((8, 8), (16, 8), (8, 16), (16, 16)),
+    "K": (2, 4),
+}
+"""The same for FMA tiles (threads rather than warps along M x N)."""
+
+
+def _apply_exact(k: Kernel, which: str, amount: int) -> bool:
+    """`amount` (1: nothing) on the innermost axis of kind `which` that takes it; whether one did."""
+    if amount == 1:
+        return True
+    op = {"M": OptOps.UPCAST, "N": OptOps.UPCAST, "LM": OptOps.LOCAL, "LN": OptOps.LOCAL, "K": OptOps.UNROLL}[which]
+    kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
+    for axis in _candidates(k, which):
+        try:
+            k.apply_opt(Opt(op, k.axes(kind).index(axis), amount))
+            return True
+        except KernelOptError:
+            continue
+    return False
+
+
+def staged_tiles(k: Kernel) -> list[Kernel]:
+    """Staged tiles of the matmul-like kernel `k` (no opts applied yet) for BEAM to time: every combination of
+    `TC_VARIANTS` (tensor cores) or `FMA_VARIANTS` that fits the kernel exactly, staged with two pipeline stages
+    and, for tensor cores on a renderer with asynchronous copies to pipeline, with one. Each kernel returned has
+    passed every opt's checks (threads, registers, shared memory), so it compiles; none repeats another's opts.
+    Empty when `k` is not matmul-like, has opts, or its renderer lacks local and shared memory."""
+    r = k.renderer
+    if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
+        return []
+    if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
+        return []
+    base, variants = k.copy(), FMA_VARIANTS
+    for match in range(TC_MATCHES if r.tensor_cores else 0):
+        trial = k.copy()
+        try:
+            trial.apply_opt(Opt(OptOps.TC, match, (-1, 1)))
+        except KernelOptError:
+            continue
+        base, variants = trial, TC_VARIANTS
+        break
+    if base.tensor_core is None and len(staged_loads(base)) != 2:
+        return []
+    out: dict[tuple[Opt, ...], Kernel] = {}
+    # one and two stages differ only where the copies can be asynchronous: tensor-core tiles on such a renderer
+    stages = (2, 1) if r.has_async_copy and base.tensor_core is not None else (2,)
+    for m in variants["M"]:
+        for n in variants["N"]:
+            for lm, ln in variants["warps"]:
+                for step in variants["K"]:
+                    tile = base.copy()
+                    plan_ = (("M", m), ("N", n), ("LM", lm), ("LN", ln), ("K", step))
+                    if not all(_apply_exact(tile, which, amount) for which, amount in plan_):
+                        continue
+                    for n_stages in stages:
+                        staged = tile.copy()
+                        try:
+                            staged.apply_opt(Opt(OptOps.STAGE, None, None if n_stages == 2 else 1))
+                        except KernelOptError:
+                            continue
+                        out.setdefault(tuple(staged.applied_opts), staged)
+    return list(out.values())

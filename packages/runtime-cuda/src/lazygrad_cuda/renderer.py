@@ -138,6 +138,8 @@ class CUDARenderer(CStyleLanguage):
         self.tensor_cores = tuple(tensor_cores)
         # cp.async exists from Ampere (sm_80) on
         self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
+        # ldmatrix exists from Turing (sm_75) on
+        self.has_ldmatrix = int(re.sub(r"\D", "", arch)) >= 75
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -287,6 +289,22 @@ class CUDARenderer(CStyleLanguage):
         """Commit the copies started since the last wait as one group and wait for every group."""
         commit, wait = "cp.async.commit_group;", "cp.async.wait_group 0;"
         return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
+
+    def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
+        """`ldmatrix.sync.aligned.m8n8` of `matrices` 8x8 matrices of 16-bit elements (`.trans` when asked) into
+        32-bit registers, which are then the bits of the vector `name`."""
+        bits = {1: "unsigned", 2: "uint2", 4: "uint4"}[matrices]
+        fields = [f"{name}_r"] if matrices == 1 else [f"{name}_r.{LANES[i]}" for i in range(matrices)]
+        regs = ", ".join(f"%{i}" for i in range(matrices))
+        outs = ", ".join(f'"=r"({f})' for f in fields)
+        kind = f"x{matrices}{'.trans' if trans else ''}"
+        vector = self.render_dtype(dtype)
+        return (
+            f"{bits} {name}_r; "
+            f'asm volatile("ldmatrix.sync.aligned.m8n8.{kind}.shared.b16 {{{regs}}}, [%{matrices}];" : {outs} : '
+            f'"r"((unsigned)__cvta_generic_to_shared({address}))); '
+            f"{vector} {name} = __builtin_bit_cast({vector}, {name}_r);"
+        )
 
     def launch_attributes(self, workgroup: Workgroup | None) -> str:
         """`__launch_bounds__` with the threads of a block, when the kernel has thread indices, and a minimum of one

@@ -45,6 +45,8 @@ class GPUTarget:
     warp_size: int = 0
     # ASYNC_COPY/ASYNC_WAIT (CUDA's cp.async on sm_80+): staged kernels pipeline their copies
     async_copy: bool = False
+    # LDMATRIX (CUDA's ldmatrix on sm_75+): staged tensor-core fragments read local memory as 8x8 matrices
+    ldmatrix: bool = False
 
     def __post_init__(self) -> None:
         if self.warp_size and (self.warp_size < 2 or WARP_SIZE % self.warp_size):
@@ -82,6 +84,7 @@ class PythonRenderer(Renderer):
                 tensor_cores=target.tensor_cores,
                 warp_size=target.warp_size,
                 has_async_copy=target.async_copy,
+                has_ldmatrix=target.ldmatrix,
             )
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -446,6 +446,38 @@ class Interpreter:
 
         return async_wait
 
+    def _ldmatrix(self, i: int, x: Instr) -> Step:
+        # ldmatrix.sync.aligned.m8n8: the rows' addresses come from the first 8 * matrices threads of the warp, and
+        # every element lands in the lane the PTX ISA's fragment layout gives it
+        matrices, trans = x.arg
+        if matrices not in (1, 2, 4) or x.dtype.count != 2 * matrices or x.dtype.scalar().itemsize != 2:
+            raise ValueError(f"LDMATRIX {i}: {matrices} matrices of 16-bit elements can't fill a {x.dtype!r}")
+        buf, off, stride = self._memory_operands(i, Instr(Ops.LOAD, x.dtype, x.src[:1], None))
+        if stride != 1 or self.instrs[self.instrs[x.src[0]].src[0]].op is not Ops.DEFINE_LOCAL:
+            raise ValueError(f"LDMATRIX {i} reads scalar elements of local memory")
+        r = self.reg[i]
+
+        def ldmatrix(regs: list[Any], w: _Warp) -> None:
+            if w.mask is not None:
+                raise InterpreterError(f"LDMATRIX {i} runs on a warp where some threads are inactive")
+            mem, rows = regs[buf], regs[off]
+            if len(rows) != WARP_SIZE:
+                raise InterpreterError(f"LDMATRIX {i} runs on a partial warp of {len(rows)} threads")
+            for row in rows[: 8 * matrices]:
+                if row is None or row < 0 or row % 8:
+                    raise InterpreterError(f"LDMATRIX {i}: row address {row} is not 16-byte aligned in local memory")
+            out = []
+            for lane in range(WARP_SIZE):
+                g, t = divmod(lane, 4)
+                vals = []
+                for m in range(matrices):
+                    for c in (2 * t, 2 * t + 1):
+                        vals.append(mem[rows[8 * m + c] + g] if trans else mem[rows[8 * m + g] + c])
+                out.append(tuple(vals))
+            regs[r] = out
+
+        return ldmatrix
+
     def _barrier(self, i: int, x: Instr) -> Step:
         def barrier(regs: list[Any], w: _Warp) -> int:
             return _BARRIER
@@ -590,6 +622,7 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.BARRIER: Interpreter._barrier,
     Ops.ASYNC_COPY: Interpreter._async_copy,
     Ops.ASYNC_WAIT: Interpreter._async_wait,
+    Ops.LDMATRIX: Interpreter._ldmatrix,
     Ops.WMMA: Interpreter._wmma,
     Ops.SHUFFLE_XOR: Interpreter._shuffle_xor,
 }

@@ -337,7 +337,9 @@ class Renderer(abc.ABC):
     kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`), and `warp_size`
     (threads whose values `SHUFFLE_XOR` exchanges, a power of two dividing the hardware's warp; 0: no shuffles, so
     grouped reductions combine through shared memory only), and `has_async_copy` (it renders `ASYNC_COPY` and
-    `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer).
+    `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer), and
+    `has_ldmatrix` (it renders `LDMATRIX`: a warp's tensor-core fragments read from local memory as 8x8 matrices,
+    CUDA's ldmatrix on sm_75 and newer).
     """
 
     device: ClassVar[str] = ""
@@ -354,6 +356,7 @@ class Renderer(abc.ABC):
     max_workgroup_threads: ClassVar[int] = 1024
     warp_size: ClassVar[int] = 0
     has_async_copy: ClassVar[bool] = False
+    has_ldmatrix: ClassVar[bool] = False
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 

@@ -6,7 +6,7 @@
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
    DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, SHUFFLE_XOR,
-   ASYNC_COPY/ASYNC_WAIT, ALU ops.
+   ASYNC_COPY/ASYNC_WAIT, LDMATRIX, ALU ops.
 
 The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
 """
@@ -100,6 +100,7 @@ class Ops(Enum):
     # asynchronous copies from global into local memory (last, so the ops above keep their sort order)
     ASYNC_COPY = auto()
     ASYNC_WAIT = auto()
+    LDMATRIX = auto()
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -165,4 +166,9 @@ OP_DOCS: dict[Ops, str] = {
     " (CUDA cp.async, renderers with has_async_copy)",
     Ops.ASYNC_WAIT: "src: ordering deps (the copies it must follow in program order, a RANGE to run in a loop): waits"
     " until every ASYNC_COPY this thread started has landed; a BARRIER after it makes them visible to the workgroup",
+    Ops.LDMATRIX: "src=(INDEX into a DEFINE_LOCAL of 16-bit elements[, ordering deps]); arg=(matrices, trans): a"
+    " warp loads that many (1, 2 or 4) 8x8 matrices, thread t giving the address of row t % 8 of matrix t // 8 (8"
+    " consecutive elements, 16-byte aligned); lane l gets 2 elements per matrix i, at lanes 2i and 2i+1: row l // 4,"
+    " columns 2(l % 4) and 2(l % 4) + 1, or with trans those of the transposed matrix; every thread of the warp runs it"
+    " together (CUDA ldmatrix.sync.aligned.m8n8, renderers with has_ldmatrix)",
 }
