@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 from lazygrad.counters import GlobalCounters
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
+from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
 from lazygrad_scheduler import buffer_of, is_kernelized
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
@@ -73,11 +74,13 @@ def _flat_tensors(x: Any) -> list[Tensor]:
 def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
     """Realize the tensor inputs; their buffers, specs and the variable values they (and bound args) carry."""
     values = [*args, *(kwargs[k] for k in sorted(kwargs))]
-    tensors = [v for v in values if isinstance(v, Tensor)]
+    given = [v for v in values if isinstance(v, Tensor)]
     var_vals = {v.src[0]: v.src[1].arg for v in values if isinstance(v, UOp) and v.op is Ops.BIND}
-    unrealized = [t for t in tensors if view_base(t.uop).op is not Ops.BUFFER]
+    unrealized = [t for t in given if any(view_base(u).op is not Ops.BUFFER for u in device_uops(t.uop))]
     if unrealized:
         Tensor.realize(*unrealized)
+    # a tensor on several devices is one input per device
+    tensors = [p for t in given for p in ([Tensor(u) for u in t.uop.src] if t.uop.op is Ops.MULTI else [t])]
     bufs, specs = [], []
     for t in tensors:
         base = view_base(t.uop)
