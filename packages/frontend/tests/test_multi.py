@@ -324,3 +324,28 @@ def test_model_parallel_linear_layer_training_matches_one_device() -> None:
 
     for got, want in zip(train(DEVS), train(None)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# *** copies between devices ***
+
+
+def test_copies_between_cpu_devices_skip_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazygrad_cpu.allocator import CPUAllocator
+
+    a = floats(1000)
+    src = Tensor(a, device="CPU:1").realize()
+
+    def no_staging(*args: object) -> None:
+        raise AssertionError("a copy between two CPU devices went through a host staging buffer")
+
+    monkeypatch.setattr(CPUAllocator, "_copyout", no_staging)
+    out = (src.to("CPU:2") + 1).realize()
+    monkeypatch.undo()
+    np.testing.assert_array_equal(out.numpy(), a + 1)
+
+
+def test_python_devices_are_distinct_devices_too() -> None:
+    a = ints(4, 3)
+    t = Tensor(a, device="PYTHON").shard(("PYTHON", "PYTHON:1"), 0)
+    assert [device_of(u) for u in t.uop.src] == ["PYTHON", "PYTHON:1"]
+    np.testing.assert_array_equal((t * 2).sum(0).numpy(), (a * 2).sum(0))
