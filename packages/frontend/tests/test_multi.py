@@ -349,3 +349,14 @@ def test_python_devices_are_distinct_devices_too() -> None:
     t = Tensor(a, device="PYTHON").shard(("PYTHON", "PYTHON:1"), 0)
     assert [device_of(u) for u in t.uop.src] == ["PYTHON", "PYTHON:1"]
     np.testing.assert_array_equal((t * 2).sum(0).numpy(), (a * 2).sum(0))
+
+
+def test_from_shards_joins_parts_already_on_their_devices() -> None:
+    a = ints(8, 3)
+    t = Tensor.from_shards([Tensor(p, device=d) for p, d in zip(np.split(a, 4), DEVS)], 0)
+    assert t.device == DEVS and t.shard_axis == 0
+    np.testing.assert_array_equal((t + 1).numpy(), a + 1)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        Tensor.from_shards([Tensor(ints(2)), Tensor(ints(3), device="CPU:1")])
+    with pytest.raises(MultiDeviceError, match="distinct devices"):
+        Tensor.from_shards([Tensor(ints(2)), Tensor(ints(2))])

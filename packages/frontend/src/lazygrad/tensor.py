@@ -24,6 +24,7 @@ from lazygrad.indexing import IndexingMixin
 from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bounds
 from lazygrad.multi import MultiDeviceError, compute_gradient_multi, device_uops, lower_multi, needs_lowering
 from lazygrad.multi import gather as gather_multi
+from lazygrad.multi import multi as multi_uop
 from lazygrad.multi import reshard as reshard_multi
 from lazygrad.multi import shard as shard_uop
 from lazygrad.random import RandomMixin
@@ -464,6 +465,18 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
                 return Tensor(reshard_multi(self.uop, ax))
             return self.to(devs[0]).shard(devs, ax)
         return Tensor(shard_uop(self.uop, devs, ax))
+
+    @staticmethod
+    def from_shards(parts: Sequence[Tensor], axis: int | None = None) -> Tensor:
+        """The tensor on several devices whose parts are `parts` (one tensor per device, all of one shape and dtype),
+        concatenated along `axis`, or each the whole value (None). Data already split on the host goes straight to
+        its device this way, with no copy between devices."""
+        if not parts or any(isinstance(p.device, tuple) for p in parts):
+            raise TypeError("from_shards takes a non-empty sequence of tensors, each on one device")
+        ax = None if axis is None else _normalize_axis(axis, parts[0].ndim)
+        if len({(p.shape, p.dtype) for p in parts}) != 1:
+            raise ValueError(f"the parts must have one shape and dtype, got {[(p.shape, p.dtype) for p in parts]}")
+        return Tensor(multi_uop([p.uop for p in parts], ax))
 
     def shard_(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
         """`shard` in place: this tensor now lives on `devices` (e.g. a model's parameters, before an optimizer is
