@@ -57,7 +57,7 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
             data = rng.standard_normal((n, m)).astype(np.float32)
             x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
             src, dst = data[0].copy(), np.empty_like(data[0])
-            copy_s = median_seconds(lambda: np.copyto(dst, src), runs)
+            copy_s = median_seconds(lambda dst=dst, src=src: np.copyto(dst, src), runs)
             for algo, ring in (("ring", True), ("direct", False)):
 
                 @TinyJit
@@ -67,7 +67,7 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
                 with Context(RING_MIN_BYTES=0):
                     out = reduce(x)
                     np.testing.assert_allclose(out.numpy(), data.sum(0), rtol=1e-4, atol=1e-4)
-                    seconds = median_seconds(lambda: reduce(x), runs)
+                    seconds = median_seconds(lambda reduce=reduce, x=x: reduce(x), runs)
                 rows.append((f"{n} devices, {algo}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9))
     return rows
 
