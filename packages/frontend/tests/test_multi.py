@@ -360,3 +360,18 @@ def test_from_shards_joins_parts_already_on_their_devices() -> None:
         Tensor.from_shards([Tensor(ints(2)), Tensor(ints(3), device="CPU:1")])
     with pytest.raises(MultiDeviceError, match="distinct devices"):
         Tensor.from_shards([Tensor(ints(2)), Tensor(ints(2))])
+
+
+def test_random_values_on_several_devices_are_those_of_one_device() -> None:
+    Tensor.manual_seed(5)
+    one = Tensor.rand(8, 3).numpy()
+    Tensor.manual_seed(5)
+    many = Tensor.rand(8, 3, device=DEVS2)
+    assert many.device == DEVS2
+    np.testing.assert_array_equal(many.numpy(), one)
+    x = Tensor(floats(8, 3)).shard(DEVS2, 0)
+    with Tensor.train():
+        dropped = x.dropout(0.5).numpy()
+    kept = dropped != 0
+    np.testing.assert_allclose(dropped[kept], 2 * x.numpy()[kept], rtol=1e-6)
+    assert 0 < kept.sum() < kept.size
