@@ -70,9 +70,31 @@ def test_cpu_usable_and_named_renderer() -> None:
     assert reg["CPU:LLVM"] is reg["CPU"]
 
 
-def test_only_one_cpu_device() -> None:
-    with pytest.raises(ValueError, match="one CPU device"):
-        plugin.open_cpu("CPU:1")
+def test_cpu_n_are_distinct_devices_with_their_own_buffers() -> None:
+    reg = _registry(plugin)
+    cpu0, cpu1, cpu2 = reg["CPU"], reg["CPU:1"], reg["cpu:2"]
+    assert len({id(cpu0), id(cpu1), id(cpu2)}) == 3 and reg["CPU:0"] is cpu0
+    assert [d.device for d in (cpu0, cpu1, cpu2)] == ["CPU", "CPU:1", "CPU:2"]
+    assert cpu1.allocator is not cpu0.allocator
+    # a block freed on one device is kept for reuse by that device only
+    a = cpu1.allocator.alloc(64)
+    cpu1.allocator.free(a, 64)
+    assert cpu0.allocator.alloc(64) is not a and cpu1.allocator.alloc(64) is a
+
+
+def test_cpu_transfer_copies_between_devices_without_the_host() -> None:
+    reg = _registry(plugin)
+    src_dev, dest_dev = reg["CPU:1"], reg["CPU:2"]
+    data = np.arange(1000, dtype=np.float32)
+    src = src_dev.allocator.alloc(data.nbytes)
+    dest = dest_dev.allocator.alloc(data.nbytes)
+    src_dev.allocator.copyin(src, memoryview(data).cast("B"))
+    dest_dev.allocator._transfer(dest, src, data.nbytes, src_dev, dest_dev)
+    out = np.empty_like(data)
+    dest_dev.allocator.copyout(memoryview(out).cast("B"), dest)
+    np.testing.assert_array_equal(out, data)
+    with pytest.raises(ValueError, match="transfer of"):
+        dest_dev.allocator._transfer(dest, src, data.nbytes + 1, src_dev, dest_dev)
 
 
 def test_package_exports_are_lazy() -> None:

@@ -104,3 +104,25 @@ def test_launch_arguments_and_timing(fake: FakeDriver) -> None:
     assert fake.names()[-4:] == ["cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime"]
     with pytest.raises(ValueError, match="positive"):
         prog(*bufs, vals=(0, 0), global_size=(0, 1, 1))
+
+
+def test_engine_copies_between_two_gpus_peer_to_peer(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lazygrad.engine as engine
+    from lazygrad_uop.device import Buffer
+    from lazygrad_uop.dtype import dtypes
+
+    gpus = {"CUDA": device.CUDADevice("CUDA"), "CUDA:1": device.CUDADevice("CUDA:1")}
+    monkeypatch.setattr(engine, "Device", gpus)
+    src, dest = Buffer("CUDA", 8, dtypes.uint8), Buffer("CUDA:1", 8, dtypes.uint8)
+    for b in (src, dest):  # memory from the stand-in GPUs directly: the registry would look for a real driver
+        b.allocator = gpus[b.device].allocator
+        b._handle = b.allocator.alloc(8)
+    src.copyin(memoryview(b"peer2pee"))
+    before = len(fake.names())
+    engine.BufferCopy("CUDA:1")([dest, src])
+    copy_calls = fake.names()[before:]
+    assert "cuMemcpyPeerAsync" in copy_calls
+    assert "cuMemcpyDtoHAsync" not in copy_calls and "cuMemcpyHtoDAsync" not in copy_calls
+    out = bytearray(8)
+    dest.copyout(memoryview(out))
+    assert bytes(out) == b"peer2pee"

@@ -19,9 +19,9 @@ from lazygrad_codegen import ProgramSpec, get_program
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_scheduler.memory import plan_memory
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
-from lazygrad_uop.device import Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
+from lazygrad_uop.device import Allocator, Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.registry import Device
+from lazygrad_uop.registry import Device, DeviceName
 from lazygrad_uop.uop import UOp, eval_uop, sint
 
 
@@ -108,10 +108,26 @@ class BufferCopy:
         """Copy bufs[1] into bufs[0]; with wait=True, return the seconds it took."""
         dest, src = bufs[0], bufs[1]
         st = time.perf_counter()
-        host = memoryview(bytearray(src.nbytes))
-        src.copyout(host)
-        dest.copyin(host)
+        if direct_transfer(dest, src):
+            assert dest.allocator is not None
+            dest.allocator._transfer(dest.handle, src.handle, src.nbytes, Device[src.device], Device[dest.device])
+        else:
+            host = memoryview(bytearray(src.nbytes))
+            src.copyout(host)
+            dest.copyin(host)
+        if wait:
+            Device[dest.device].synchronize()
         return time.perf_counter() - st if wait else None
+
+
+def direct_transfer(dest: Buffer, src: Buffer) -> bool:
+    """Whether a copy from `src` to `dest` can skip the host: two devices of one kind (CPU:0 and CPU:1, CUDA:0 and
+    CUDA:1) whose allocator implements `_transfer`."""
+    if src.nbytes != dest.nbytes or dest.allocator is None or src.allocator is None:
+        return False
+    if DeviceName.parse(src.device).base != DeviceName.parse(dest.device).base:
+        return False
+    return type(dest.allocator)._transfer is not Allocator._transfer
 
 
 @dataclass
@@ -161,10 +177,16 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast, BEAM.value, NOOPT.value)  # a program found under other opt settings is another program
     if (runner := _runners.get(key)) is None:
         dev: CompiledDevice = Device[device]
-        spec = get_program(ast, dev.renderer)
+        # devices that share a renderer (CPU:0..N) share the code generation of a kernel; each loads its own program
+        program_key = (dev.renderer, ast, BEAM.value, NOOPT.value)
+        if (spec := _programs.get(program_key)) is None:
+            spec = _programs[program_key] = get_program(ast, dev.renderer)
         lib = dev.compiler.compile_cached(spec.src)
         runner = _runners[key] = CompiledRunner(spec, dev.runtime(spec.name, lib), device)
     return runner
+
+
+_programs: dict[tuple[object, UOp, int, int], ProgramSpec] = {}
 
 
 @dataclass

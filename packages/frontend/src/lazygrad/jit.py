@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 from lazygrad.counters import GlobalCounters
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
+from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
 from lazygrad_scheduler import buffer_of, is_kernelized
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
@@ -73,11 +74,13 @@ def _flat_tensors(x: Any) -> list[Tensor]:
 def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
     """Realize the tensor inputs; their buffers, specs and the variable values they (and bound args) carry."""
     values = [*args, *(kwargs[k] for k in sorted(kwargs))]
-    tensors = [v for v in values if isinstance(v, Tensor)]
+    given = [v for v in values if isinstance(v, Tensor)]
     var_vals = {v.src[0]: v.src[1].arg for v in values if isinstance(v, UOp) and v.op is Ops.BIND}
-    unrealized = [t for t in tensors if view_base(t.uop).op is not Ops.BUFFER]
+    unrealized = [t for t in given if any(view_base(u).op is not Ops.BUFFER for u in device_uops(t.uop))]
     if unrealized:
         Tensor.realize(*unrealized)
+    # a tensor on several devices is one input per device
+    tensors = [p for t in given for p in ([Tensor(u) for u in t.uop.src] if t.uop.op is Ops.MULTI else [t])]
     bufs, specs = [], []
     for t in tensors:
         base = view_base(t.uop)
@@ -316,7 +319,7 @@ class TinyJit(Generic[R]):
                 ret = self.fxn(*args, **kwargs)
                 if outs := _flat_tensors(ret):
                     Tensor.realize(*outs)
-            self.captured = CapturedJit(_planned(items, bufs), bufs, set(var_vals), ret)
+            self.captured = CapturedJit(_planned(_grouped_by_device(items), bufs), bufs, set(var_vals), ret)
             self.captured.last = (list(bufs), dict(var_vals))
             if DEBUG >= 1:
                 steps = self.captured.steps
@@ -345,6 +348,56 @@ def _rebind(t: Tensor, var_vals: dict[UOp, int]) -> None:
     binds = {b for v in views for b in v.arg.binds() if b.src[0] in var_vals}
     mapping = {b: b.src[0].bind(var_vals[b.src[0]]) for b in binds}
     t.uop = t.uop.substitute({v: v.replace(arg=v.arg.substitute(mapping)) for v in views})
+
+
+def _reads_writes(ei: ExecItem) -> tuple[set[Buffer], set[Buffer]]:
+    """The memory (base buffers) an ExecItem reads and writes."""
+    r = ei.runner
+    ins, outs = (r.spec.ins, r.spec.outs) if isinstance(r, CompiledRunner) else ((1,), (0,))
+    base = [b.base if b.base is not None else b for b in ei.bufs]
+    return {base[j] for j in ins}, {base[j] for j in outs}
+
+
+def _grouped_by_device(items: list[ExecItem]) -> list[ExecItem]:
+    """`items` in an order that keeps each device's kernels together where the dependencies allow. A step on
+    several devices (a sharded model) runs their kernels interleaved; replayed in that order, no two consecutive
+    kernels share a device and none could run as a device graph. Each item still comes after every item it depends
+    on: those that write what it reads, and those that read or write what it writes."""
+    if len({ei.runner.device for ei in items}) < 2:
+        return items
+    deps: list[set[int]] = []
+    last_write: dict[Buffer, int] = {}
+    readers: dict[Buffer, list[int]] = {}
+    for j, ei in enumerate(items):
+        reads, writes = _reads_writes(ei)
+        d = {last_write[b] for b in reads | writes if b in last_write}
+        d.update(i for b in writes for i in readers.get(b, ()))
+        deps.append(d)
+        for b in reads:
+            readers.setdefault(b, []).append(j)
+        for b in writes:
+            last_write[b], readers[b] = j, []
+    waiting = [len(d) for d in deps]
+    dependents: list[list[int]] = [[] for _ in items]
+    for j, d in enumerate(deps):
+        for i in d:
+            dependents[i].append(j)
+    ready = {j for j, w in enumerate(waiting) if w == 0}
+    order: list[int] = []
+    device = items[0].runner.device
+    while ready:
+        # the earliest ready kernel of the device that ran last, else the earliest ready item of any kind
+        same = [j for j in ready if items[j].runner.device == device and isinstance(items[j].runner, CompiledRunner)]
+        j = min(same) if same else min(ready)
+        ready.remove(j)
+        device = items[j].runner.device
+        order.append(j)
+        for k in dependents[j]:
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                ready.add(k)
+    assert len(order) == len(items), "captured items that depend on each other in a cycle"
+    return [items[j] for j in order]
 
 
 def _planned(items: list[ExecItem], inputs: list[Buffer]) -> list[ExecItem]:

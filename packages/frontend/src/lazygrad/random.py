@@ -122,8 +122,12 @@ class RandomMixin:
         return (hi.reshape(rows, 1) + lo.reshape(1, _IOTA_CHUNK)).reshape(-1).shrink(((0, n),))
 
     @classmethod
-    def _random_words(cls, shape: tuple[int, ...], device: str | None) -> tuple[Tensor, Tensor]:
+    def _random_words(cls, shape: tuple[int, ...], device: str | tuple[str, ...] | None) -> tuple[Tensor, Tensor]:
         """Two uint32 words of random bits per element: the next stream of the generator."""
+        if isinstance(device, (tuple, list)):
+            # on several devices: the first device's stream, replicated, so the values are those of one device
+            x0, x1 = cls._random_words(shape, device[0])
+            return x0.shard(device), x1.shard(device)
         n = math.prod(shape)
         if n >= 2**32:
             raise InputError(f"a random tensor can have at most 2**32 - 1 elements, {shape} has {n}")

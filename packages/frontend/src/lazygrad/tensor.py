@@ -19,9 +19,14 @@ from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
 from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.functional import FunctionalMixin
-from lazygrad.gradient import compute_gradient, depends_on, graph_nodes, realized_graphs
+from lazygrad.gradient import depends_on, graph_nodes, realized_graphs
 from lazygrad.indexing import IndexingMixin
 from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bounds
+from lazygrad.multi import MultiDeviceError, compute_gradient_multi, device_uops, lower_multi, needs_lowering
+from lazygrad.multi import gather as gather_multi
+from lazygrad.multi import multi as multi_uop
+from lazygrad.multi import reshard as reshard_multi
+from lazygrad.multi import shard as shard_uop
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
@@ -70,7 +75,13 @@ def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
 
 
 def _requires_grad_uops() -> set[UOp]:
-    return {t.uop for t in list(_all_tensors) if t.requires_grad}
+    # a tensor on several devices is a leaf through each of its parts
+    return {u for t in list(_all_tensors) if t.requires_grad for u in (t.uop, *device_uops(t.uop))}
+
+
+def _device_uops(tensors: Iterable[Tensor]) -> list[UOp]:
+    """The single-device graphs of `tensors`: the parts of those on several devices, the others as they are."""
+    return [u for t in tensors for u in device_uops(t.uop)]
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
@@ -126,7 +137,12 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         requires_grad: bool | None = None,
     ) -> None:
         dtype = to_dtype(dtype) if dtype is not None else None
-        dev = device_of_name(device)
+        if isinstance(device, (tuple, list)) and not isinstance(data, UOp):
+            # on several devices: the same value on each of them (replicated)
+            devices = tuple(Device.canonicalize(d) for d in device)
+            parts = [Tensor(data, device=d, dtype=dtype).uop for d in devices]
+            data, device = UOp(Ops.MULTI, parts[0].dtype, tuple(parts), None), None
+        dev = device_of_name(device) if not isinstance(data, UOp) else ""
         if isinstance(data, UOp):
             uop = data
         elif isinstance(data, Tensor):
@@ -147,6 +163,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise KindError(f"can't make a Tensor from {type(data).__name__}; use a number, nested list or numpy array")
         if Tensor.no_grad and isinstance(data, UOp) and uop.op is not Ops.DETACH and not is_view_of_leaf(uop):
             uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+        if needs_lowering(uop):
+            uop = lower_multi(uop)
         self.uop: UOp = uop
         self._requires_grad: bool | None = None
         self.requires_grad = requires_grad
@@ -163,7 +181,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     @requires_grad.setter
     def requires_grad(self, value: bool | None) -> None:
-        if value and not self._requires_grad and not is_view_of_leaf(self.uop):
+        if value and not self._requires_grad and not _stored(self.uop):
             # a leaf of autograd must be a node of its own: equal lazy graphs are one node, so two parameters made
             # alike (two Tensor.zeros(4) biases), or a parameter and an equal constant elsewhere in the loss, would
             # be one target and collect each other's gradients
@@ -181,8 +199,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         return self.uop.dtype
 
     @property
-    def device(self) -> str:
-        """The device the tensor lives on."""
+    def device(self) -> str | tuple[str, ...]:
+        """The device the tensor lives on; for a tensor on several devices (see `shard`), the tuple of them."""
         dev = device_of(self.uop)
         assert dev is not None
         return dev
@@ -247,6 +265,9 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """A tensor with memory but no defined contents."""
         shape = _shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if isinstance(device, (tuple, list)):
+            parts = tuple(Tensor.empty(*shape, dtype=dt, device=d).uop for d in device)
+            return Tensor(UOp(Ops.MULTI, dt, parts, None))
         buf = new_buffer(device_of_name(device), math.prod(shape), dt)
         return Tensor(UOp(Ops.VIEW, dt, (buf,), ShapeTracker.from_shape(shape)))
 
@@ -339,7 +360,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def kernelize(self, *others: Tensor) -> Tensor:
         """Cut the graphs of this tensor and `others` into kernels: each becomes ASSIGN(buffer, KERNEL)."""
         _separate_twins([self, *others])
-        becomes = kernelize([t.uop for t in (self, *others)])
+        becomes = kernelize(_device_uops((self, *others)))
         realized_graphs.commit(*realized_graphs.plan(becomes, _requires_grad_uops()))
         _apply_becomes(becomes)
         return self
@@ -347,7 +368,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def schedule(self, *others: Tensor) -> list[ScheduleItem]:
         """The kernels that realize this tensor and `others`, in order (kernelizes them; runs nothing)."""
         self.kernelize(*others)
-        items, _ = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in (self, *others))))
+        items, _ = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops((self, *others)))))
         return items
 
     def realize(self, *others: Tensor) -> Tensor:
@@ -363,11 +384,11 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     @staticmethod
     def _realize_now(tensors: list[Tensor]) -> None:
         _separate_twins(tensors)
-        becomes = kernelize([t.uop for t in tensors])
+        becomes = kernelize(_device_uops(tensors))
         # autograd keeps going through what this realize computes (see RealizedGraphs)
         origins, written = realized_graphs.plan(becomes, _requires_grad_uops())
         changed = _apply_becomes(becomes)
-        items, done = create_schedule(UOp(Ops.SINK, src=tuple(t.uop for t in tensors)))
+        items, done = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops(tensors))))
         # buffers that only kernels of this schedule read can share memory (the other tensors, and the graphs kept
         # for autograd, can't reach them)
         live = [*(t.uop for t in changed), *(v for v in origins.values() if v is not None)]
@@ -378,6 +399,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def assign(self, x: Any) -> Tensor:
         """Overwrite this tensor's values with `x` in place (kernels that read the old values run first)."""
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if self.uop.op is Ops.MULTI or x.uop.op is Ops.MULTI:
+            return self._assign_multi(x)
         if x.shape != self.shape:
             x = x._broadcast_to(_broadcast_shape(x.shape, self.shape))
         if x.shape != self.shape:
@@ -410,6 +433,62 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             self.realize()
         return self
 
+    def _assign_multi(self, x: Tensor) -> Tensor:
+        """assign for tensors on several devices: each part is assigned its part of `x` (re-sharded like this one)."""
+        if self.device != x.device:
+            raise MultiDeviceError(
+                f"assign from {x.device} to a tensor on {self.device}; shard or move it onto the same devices first"
+            )
+        if x.shape != self.shape:
+            x = x._broadcast_to(_broadcast_shape(x.shape, self.shape))
+        if x.shape != self.shape:
+            raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
+        value = reshard_multi(x.uop, self.uop.arg)
+        parts = [Tensor(t).assign(Tensor(v)).uop for t, v in zip(self.uop.src, value.src, strict=True)]
+        self.uop = UOp(Ops.MULTI, self.dtype, tuple(parts), self.uop.arg)
+        return self
+
+    # *** several devices ***
+
+    def shard(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
+        """This tensor on `devices`: split into equal parts along `axis`, one per device in order, or the whole of
+        it on each (axis=None, replicated). Operations on it run on every device, each on its part; reading it
+        (`.numpy()`, `.to(device)`) gathers the parts. A tensor already on several devices is re-sharded."""
+        if not isinstance(devices, (tuple, list)) or not devices:
+            raise TypeError(f"shard needs a tuple of device names, e.g. ('CPU:0', 'CPU:1'), got {devices!r}")
+        devs = tuple(Device.canonicalize(d) for d in devices)
+        if len(set(devs)) != len(devs):
+            raise ValueError(f"shard over the devices {devs} names a device twice")
+        ax = None if axis is None else _normalize_axis(axis, self.ndim)
+        if self.uop.op is Ops.MULTI:
+            if self.device == devs:
+                return Tensor(reshard_multi(self.uop, ax))
+            return self.to(devs[0]).shard(devs, ax)
+        return Tensor(shard_uop(self.uop, devs, ax))
+
+    @staticmethod
+    def from_shards(parts: Sequence[Tensor], axis: int | None = None) -> Tensor:
+        """The tensor on several devices whose parts are `parts` (one tensor per device, all of one shape and dtype),
+        concatenated along `axis`, or each the whole value (None). Data already split on the host goes straight to
+        its device this way, with no copy between devices."""
+        if not parts or any(isinstance(p.device, tuple) for p in parts):
+            raise TypeError("from_shards takes a non-empty sequence of tensors, each on one device")
+        ax = None if axis is None else _normalize_axis(axis, parts[0].ndim)
+        if len({(p.shape, p.dtype) for p in parts}) != 1:
+            raise ValueError(f"the parts must have one shape and dtype, got {[(p.shape, p.dtype) for p in parts]}")
+        return Tensor(multi_uop([p.uop for p in parts], ax))
+
+    def shard_(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
+        """`shard` in place: this tensor now lives on `devices` (e.g. a model's parameters, before an optimizer is
+        made for them)."""
+        self.uop = self.shard(devices, axis).uop
+        return self
+
+    @property
+    def shard_axis(self) -> int | None:
+        """The axis a tensor on several devices is split along; None when it is replicated or on one device."""
+        return self.uop.arg if self.uop.op is Ops.MULTI else None
+
     def contiguous(self) -> Tensor:
         """This tensor stored densely in its own buffer when realized."""
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
@@ -440,7 +519,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         materialize_grads.
         """
         seed = self._gradient_seed(gradient)
-        grads = compute_gradient(self.uop, seed.uop, {t.uop for t in targets}, realized_graphs.mapping)
+        grads = compute_gradient_multi(self.uop, seed.uop, {t.uop for t in targets}, realized_graphs.mapping)
         out = []
         for t in targets:
             if (g := grads.get(t.uop)) is not None:
@@ -468,7 +547,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         else; as in torch (without create_graph), they are cut from autograd themselves.
         """
         graph = graph_nodes(self.uop, realized_graphs.mapping)
-        live = [t for t in list(_all_tensors) if t.uop in graph]
+        live = [t for t in list(_all_tensors) if any(u in graph for u in device_uops(t.uop))]
         leaves = [t for t in live if t.requires_grad]
         if not leaves:
             # data: float tensors of buffers that hold no computed result (autograd goes through those to their graph)
@@ -480,7 +559,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
                 and is_view_of_leaf(t.uop)
                 and t.uop not in realized_graphs.mapping
             ]
-        grads = compute_gradient(
+        grads = compute_gradient_multi(
             self.uop, self._gradient_seed(gradient).uop, {t.uop for t in leaves}, realized_graphs.mapping
         )
         if not grads:
@@ -508,9 +587,14 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise InputError(f"gradient of shape {gradient.shape} for a tensor of shape {self.shape}")
         return gradient.cast(self.dtype)
 
-    def to(self, device: str) -> Tensor:
-        """This tensor on `device` (copied when realized)."""
+    def to(self, device: str | Sequence[str]) -> Tensor:
+        """This tensor on `device` (copied when realized); a tensor on several devices is gathered there. A tuple
+        of devices replicates it on them (`shard(devices)`)."""
+        if isinstance(device, (tuple, list)):
+            return self.shard(device)
         dev = Device.canonicalize(device)
+        if self.uop.op is Ops.MULTI:
+            return Tensor(gather_multi(self.uop, dev))
         if dev == self.device:
             return self
         return Tensor(UOp(Ops.COPY, self.dtype, (UOp(Ops.DEVICE, arg=dev), self.uop)))
@@ -532,6 +616,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def numpy(self) -> np.ndarray:
         """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
+        if self.uop.op is Ops.MULTI:
+            return self.to(self.device[0]).numpy()
         npdt = to_numpy_dtype(self.dtype)
         if not all(isinstance(d, int) for d in self.shape):
             # a symbolic shape is read at the values its variables are bound to
@@ -1279,7 +1365,7 @@ def _separate_twins(tensors: list[Tensor]) -> None:
     """Give each tensor about to be realized whose graph is the very node of another live tensor (equal graphs built
     apart, e.g. `Tensor.zeros(3)` twice, are one node) a node of its own, so that it gets a buffer of its own:
     otherwise realizing one would store both in one buffer, and an assign to one would change the other."""
-    pending = {id(t): t for t in tensors if t.uop.op is not Ops.ASSIGN and not is_view_of_leaf(t.uop)}
+    pending = {id(t): t for t in tensors if t.uop.op is not Ops.ASSIGN and not _stored(t.uop)}
     if not pending:
         return
     users: dict[UOp, int] = {}
@@ -1290,12 +1376,19 @@ def _separate_twins(tensors: list[Tensor]) -> None:
             t.uop = _own_node(t.uop)
 
 
+def _stored(u: UOp) -> bool:
+    """Whether `u` needs no kernel to be realized: a view of a leaf, or on several devices, views of leaves."""
+    return all(is_view_of_leaf(p) for p in device_uops(u))
+
+
 _own_ids = itertools.count()
 
 
 def _own_node(u: UOp) -> UOp:
     """A node with the value of `u` that no other graph has: a CONTIGUOUS whose arg is a fresh id (a plain CONTIGUOUS
     has none), so it stores its own buffer when realized; a CONST gets a buffer of its own at once."""
+    if u.op is Ops.MULTI:
+        return u.replace(src=tuple(_own_node(p) for p in u.src))
     if u.op is Ops.CONST:
         return _unique_const(u)
     if u.op is Ops.CONTIGUOUS:

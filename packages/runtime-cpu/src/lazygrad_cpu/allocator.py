@@ -7,7 +7,7 @@ import ctypes
 import mmap
 from dataclasses import dataclass
 
-from lazygrad_uop.device import BufferSpec, LRUAllocator
+from lazygrad_uop.device import BufferSpec, CompiledDevice, LRUAllocator
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if hasattr(mmap, "MAP_PRIVATE") else None
 # the alignment the allocator promises; mmap gives whole pages, which are more aligned than this
@@ -75,6 +75,14 @@ class CPUAllocator(LRUAllocator):
         if dest.nbytes > src.size:
             raise ValueError(f"copyout of {dest.nbytes} bytes from a CPU buffer of {src.size} bytes")
         dest[:] = self._as_buffer(src)[: dest.nbytes]
+
+    def _transfer(
+        self, dest: CPUBuffer, src: CPUBuffer, size: int, src_device: CompiledDevice, dest_device: CompiledDevice
+    ) -> None:
+        # every CPU device's memory is host memory: a copy between two is one memcpy, with no staging buffer
+        if size > min(src.size, dest.size):
+            raise ValueError(f"transfer of {size} bytes between CPU buffers of {src.size} and {dest.size} bytes")
+        ctypes.memmove(dest.addr, src.addr, size)
 
     def _offset(self, handle: CPUBuffer, size: int, offset: int) -> CPUBuffer:
         if offset < 0 or offset + size > handle.size:

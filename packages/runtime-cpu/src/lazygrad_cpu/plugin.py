@@ -25,16 +25,23 @@ def cpu_usable() -> str | None:
 
 
 def open_cpu(name: str) -> CompiledDevice:
-    """Open the CPU device. There is one CPU device; "CPU:1" and above name nothing."""
+    """Open the CPU device `name`: "CPU", "CPU:1", ... are distinct devices of the same host, each with its own
+    buffers (so that several-device code, sharding and all-reduce run and are tested without several
+    accelerators); their kernels share the host's cores and the compiler cache."""
     from lazygrad_cpu.allocator import CPUAllocator
     from lazygrad_cpu.compiler import LLVMCompiler
     from lazygrad_cpu.graph import CPUGraph
     from lazygrad_cpu.program import CPUProgram
     from lazygrad_cpu.renderer import CPURenderer
 
-    if name != "CPU":
-        raise ValueError(f"there is one CPU device, named 'CPU'; {name!r} does not exist")
-    return CompiledDevice(name, CPUAllocator(), CPURenderer(), LLVMCompiler(), CPUProgram, CPUGraph)
+    global _shared_renderer
+    if _shared_renderer is None:
+        _shared_renderer = CPURenderer()
+    # one renderer for every CPU device: the host is the same target, so each kernel is generated once for all
+    return CompiledDevice(name, CPUAllocator(), _shared_renderer, LLVMCompiler(), CPUProgram, CPUGraph)
+
+
+_shared_renderer: Renderer | None = None
 
 
 def _make_renderer() -> Renderer:

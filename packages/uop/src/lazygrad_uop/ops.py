@@ -1,7 +1,7 @@
 """`Ops`: the one operation enum shared by the three levels of the IR.
 
 1. Tensor graph (built by the frontend): BUFFER, CONST, DEVICE, movement ops, ALU ops, REDUCE_AXIS,
-   CAST, BITCAST, ASSIGN, COPY, CONTIGUOUS, DETACH, KERNEL.
+   CAST, BITCAST, ASSIGN, COPY, CONTIGUOUS, DETACH, KERNEL, and MULTI (one value on several devices).
 2. Kernel AST (emitted by the scheduler): SINK of STOREs; LOADs of DEFINE_GLOBALs indexed through VIEWs;
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
@@ -49,6 +49,7 @@ class Ops(Enum):
     DETACH = auto()
     ASSIGN = auto()
     REDUCE_AXIS = auto()
+    MULTI = auto()
 
     # memory and control
     INDEX = auto()
@@ -140,6 +141,8 @@ OP_DOCS: dict[Ops, str] = {
     Ops.ASSIGN: "tensor graph: src=(target BUFFER view, value); linear: src=(DEFINE_ACC, new value)",
     Ops.REDUCE_AXIS: "src=(x,); arg=(Ops.ADD|Ops.MAX|Ops.MUL, axes tuple)",
     Ops.COPY: "src=(DEVICE, x): x copied to the device",
+    Ops.MULTI: "tensor graph: src=one node per device (each on its own device, all of one shape and dtype); arg=the"
+    " axis they are concatenated along (sharded), or None: each holds the whole value (replicated)",
     Ops.DEFINE_GLOBAL: "dtype=PtrDType; arg=parameter slot index",
     Ops.DEFINE_LOCAL: "dtype=PtrDType(local=True); arg=name",
     Ops.DEFINE_VAR: "dtype=int; arg=(name, min, max)",

@@ -78,6 +78,8 @@ def _infer(u: UOp) -> Shape | None:
         return arg.shape
     if op in (Ops.COPY,):
         return _src_shape(u, 1)
+    if op is Ops.MULTI:
+        return _multi_shape(u)
     if op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN, Ops.CAST, Ops.BITCAST):
         return _src_shape(u)
     s = _src_shape(u) if u.src else None
@@ -121,15 +123,31 @@ def _infer(u: UOp) -> Shape | None:
     raise ShapeError(f"{op} has no shape in a tensor graph")
 
 
-def device_of(u: UOp) -> str | None:
-    """The device a tensor-graph node lives on, or None for nodes without one (memoised on the nodes of the path
-    to it, so asking along a long chain of ops doesn't walk the chain each time)."""
+def _multi_shape(u: UOp) -> Shape:
+    shapes = {s.__dict__["_shape"] for s in u.src}
+    if len(shapes) != 1:
+        raise ShapeError(f"the parts of a tensor on several devices must have one shape, got {sorted(shapes, key=str)}")
+    s = shapes.pop()
+    if u.arg is None:
+        return s
+    if not 0 <= u.arg < len(s):
+        raise ShapeError(f"sharded axis {u.arg} out of range for parts of shape {s}")
+    return tuple(d * len(u.src) if i == u.arg else d for i, d in enumerate(s))
+
+
+def device_of(u: UOp) -> str | tuple[str, ...] | None:
+    """The device a tensor-graph node lives on, the tuple of devices of a MULTI (a tensor on several devices), or
+    None for nodes without one (memoised on the nodes of the path to it, so asking along a long chain of ops doesn't
+    walk the chain each time)."""
     path = [u]
-    while "_device" not in path[-1].__dict__ and path[-1].src and path[-1].op not in (Ops.BUFFER, Ops.COPY, Ops.DEVICE):
+    stops = (Ops.BUFFER, Ops.COPY, Ops.DEVICE, Ops.MULTI)
+    while "_device" not in path[-1].__dict__ and path[-1].src and path[-1].op not in stops:
         path.append(path[-1].src[0])
     end = path[-1]
     if "_device" in end.__dict__:
         dev = end.__dict__["_device"]
+    elif end.op is Ops.MULTI:
+        dev = tuple(device_of(s) for s in end.src)
     elif end.op is Ops.DEVICE:
         dev = end.arg
     elif end.op is Ops.BUFFER:

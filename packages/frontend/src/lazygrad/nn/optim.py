@@ -12,11 +12,13 @@ import math
 from collections.abc import Sequence
 
 from lazygrad.errors import InputError
+from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
 from lazygrad_scheduler import is_view_of_leaf
 from lazygrad_scheduler.kernelize import base_buffer, view_base
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Muon", "Optimizer", "OptimizerGroup"]
 
@@ -30,6 +32,9 @@ def _zeros(p: Tensor, dtype: DType | None = None) -> Tensor:
     """Zeros shaped as `p` in a buffer of their own. (`Tensor.zeros(...).contiguous()` would not do: equal lazy
     graphs are one node, so two of them realized together would share one buffer.)"""
     dt = dtype or p.dtype
+    if p.uop.op is Ops.MULTI:
+        # state of a parameter on several devices is split (or replicated) as the parameter is
+        return Tensor(UOp(Ops.MULTI, dt, tuple(_zeros(Tensor(u), dt).uop for u in p.uop.src), p.uop.arg))
     return Tensor.empty(*p.shape, dtype=dt, device=p.device).assign(Tensor.zeros(*p.shape, dtype=dt, device=p.device))
 
 
@@ -66,7 +71,8 @@ class Optimizer:
 
     def step(self) -> None:
         """Update every parameter from its `.grad`, realizing all of it in one schedule."""
-        before = {base_buffer(view_base(p.uop)) for p in (*self.params, *self.buffers) if is_view_of_leaf(p.uop)}
+        parts = [u for p in (*self.params, *self.buffers) for u in device_uops(p.uop)]
+        before = {base_buffer(view_base(u)) for u in parts if is_view_of_leaf(u)}
         targets = self.schedule_step()
         Tensor.realize(*targets, *_unrealized_readers(before, targets))
 

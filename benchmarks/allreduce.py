@@ -1,0 +1,155 @@
+"""All-reduce bandwidth and data-parallel throughput, each against a reference measured in the same run.
+
+1. In one process, between CPU:0..N-1: the ring and the direct all-reduce (captured with TinyJit, so a call is the
+   replay of its copies and kernels) against a numpy copy of the same bytes. Bandwidth = bytes per device / time.
+2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors against
+   mpi4py's own numpy Allreduce of the same arrays, alternating, median of each.
+3. Training throughput (samples/s) of examples/train_digits_dp.py over MPI with 1 and 2 ranks at the same per-rank
+   batch.
+
+    python benchmarks/allreduce.py [--runs 7] [--skip-mpi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from lazygrad import Context, Tensor, TinyJit
+from lazygrad.multi import all_reduce, multi
+from lazygrad_uop.ops import Ops
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES_MB = (1, 16, 64)
+
+
+def median_seconds(fn: Callable[[], object], runs: int) -> float:
+    """Median seconds of `fn`, after two warm-up calls (the JIT captures on its second)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(runs):
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times)
+
+
+def in_process(runs: int) -> list[tuple[str, float, float]]:
+    """(case, GB/s of the all-reduce, GB/s of numpy copying the same bytes) per device count, algorithm and size."""
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in (2, 4):
+        devices = tuple(f"CPU:{i}" for i in range(n))
+        for mb in SIZES_MB:
+            m = mb * 2**20 // 4
+            data = rng.standard_normal((n, m)).astype(np.float32)
+            x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
+            src, dst = data[0].copy(), np.empty_like(data[0])
+            copy_s = median_seconds(lambda dst=dst, src=src: np.copyto(dst, src), runs)
+            for algo, ring in (("ring", True), ("direct", False)):
+
+                @TinyJit
+                def reduce(t: Tensor, ring: bool = ring) -> Tensor:
+                    return Tensor(multi(all_reduce(Ops.ADD, list(t.uop.src), ring=ring), None)).realize()
+
+                with Context(RING_MIN_BYTES=0):
+                    out = reduce(x)
+                    np.testing.assert_allclose(out.numpy(), data.sum(0), rtol=1e-4, atol=1e-4)
+                    seconds = median_seconds(lambda reduce=reduce, x=x: reduce(x), runs)
+                rows.append((f"{n} devices, {algo}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9))
+    return rows
+
+
+MPI_WORKER = """
+import json, statistics, sys, time
+import numpy as np
+from mpi4py import MPI
+from lazygrad import Tensor
+from lazygrad_distributed import MPIProcessGroup
+runs, sizes, out = int(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")], sys.argv[3]
+group, comm = MPIProcessGroup(), MPI.COMM_WORLD
+rows = []
+for mb in sizes:
+    a = np.random.default_rng(comm.rank).standard_normal(mb * 2**20 // 4).astype(np.float32)
+    t, recv = Tensor(a).realize(), np.empty_like(a)
+    ref = np.empty_like(a); comm.Allreduce(a, ref)
+    np.testing.assert_allclose(group.all_reduce(t).numpy(), ref, rtol=1e-6)
+    ours, theirs = [], []
+    for _ in range(runs + 1):  # alternate, so both see the same machine load
+        comm.Barrier(); st = time.perf_counter(); comm.Allreduce(a, recv); theirs.append(time.perf_counter() - st)
+        comm.Barrier(); st = time.perf_counter(); group.all_reduce(t); ours.append(time.perf_counter() - st)
+    rows.append((mb, statistics.median(ours[1:]), statistics.median(theirs[1:])))
+if comm.rank == 0:
+    json.dump(rows, open(out, "w"))
+"""
+
+
+def _mpirun() -> str | None:
+    beside = Path(sys.executable).with_name("mpirun")
+    return str(beside) if beside.exists() else shutil.which("mpirun")
+
+
+def mpi(runs: int, mpirun: str) -> list[tuple[str, float, float]]:
+    """(case, GB/s of lazygrad's all_reduce, GB/s of mpi4py's numpy Allreduce) with 2 ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script, out = Path(tmp) / "worker.py", Path(tmp) / "out.json"
+        script.write_text(MPI_WORKER)
+        sizes = ",".join(map(str, SIZES_MB))
+        cmd = [mpirun, "-n", "2", sys.executable, str(script), str(runs), sizes, str(out)]
+        subprocess.run(cmd, check=True, timeout=600, env={**os.environ, "CPU_THREADS": "1"})
+        rows = json.loads(out.read_text())
+    return [(f"2 ranks, {mb} MB", mb * 2**20 / ours / 1e9, mb * 2**20 / theirs / 1e9) for mb, ours, theirs in rows]
+
+
+def throughput(mpirun: str, steps: int, per_rank: int) -> list[tuple[int, float, float]]:
+    """(ranks, samples/s, last loss) of train_digits_dp.py --mpi at `per_rank` samples per rank."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (1, 2):
+            out = Path(tmp) / f"{n}.json"
+            cmd = [mpirun, "-n", str(n), sys.executable, str(ROOT / "examples" / "train_digits_dp.py"), "--mpi"]
+            cmd += ["--steps", str(steps), "--batch-size", str(per_rank * n), "--out", str(out)]
+            subprocess.run(cmd, check=True, timeout=900, capture_output=True, env={**os.environ, "CPU_THREADS": "1"})
+            result = json.loads(out.read_text())
+            rows.append((n, result["samples_per_s"], result["losses"][-1]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--skip-mpi", action="store_true")
+    parser.add_argument("--steps", type=int, default=60, help="training steps of the throughput rows")
+    parser.add_argument("--per-rank-batch", type=int, default=64)
+    args = parser.parse_args()
+    print(f"{'in-process all-reduce':28s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s}")
+    for case, ours, ref in in_process(args.runs):
+        print(f"{case:28s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
+    if args.skip_mpi:
+        return
+    if (mpirun := _mpirun()) is None:
+        print("no mpirun here: `pip install mpich` for the MPI rows")
+        return
+    print(f"\n{'MPI all-reduce':28s} {'GB/s':>8s} {'mpi4py numpy GB/s':>16s} {'ratio':>7s}")
+    for case, ours, ref in mpi(args.runs, mpirun):
+        print(f"{case:28s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
+    print(f"\n{'data-parallel training':28s} {'samples/s':>10s} {'vs 1 rank':>10s} {'last loss':>10s}")
+    rows = throughput(mpirun, args.steps, args.per_rank_batch)
+    for n, rate, loss in rows:
+        print(f"{f'{n} rank(s), {args.per_rank_batch}/rank':28s} {rate:10.0f} {rate / rows[0][1]:10.2f} {loss:10.3f}")
+
+
+if __name__ == "__main__":
+    main()

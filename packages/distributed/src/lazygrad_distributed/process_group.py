@@ -1,0 +1,98 @@
+"""`ProcessGroup`: the collectives every backend provides (MPI, NCCL), on lazygrad tensors.
+
+Each collective realizes its input, runs the communication library on the tensor's memory (without a copy where the
+device's memory is host memory, as the CPU's is) and returns a new, realized tensor on the input's device. The
+communication runs at once: a collective is a synchronisation point between the ranks, so every rank must call the
+same collectives in the same order with tensors of the same shape and dtype.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import numpy as np
+
+from lazygrad import Tensor
+from lazygrad_uop.dtype import to_numpy_dtype
+
+REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
+
+
+class CollectiveError(ValueError):
+    """A collective was called with arguments that can't work (an unknown op, a shape that doesn't split)."""
+
+
+def check_op(op: str, dtype: object) -> None:
+    """Raise CollectiveError unless `op` is a reduction this module knows and fits `dtype`."""
+    if op not in REDUCE_OPS:
+        raise CollectiveError(f"unknown reduction {op!r}; use one of {', '.join(REDUCE_OPS)}")
+    if op == "avg" and not np.issubdtype(np.dtype(dtype), np.floating):  # type: ignore[arg-type]
+        raise CollectiveError(f"an 'avg' all-reduce needs a floating-point tensor, got {dtype}; cast it first")
+
+
+def host_array(t: Tensor) -> np.ndarray:
+    """`t` realized, as a C-contiguous numpy array: a read-only view of the device memory where the device's memory
+    is host memory, else a copy."""
+    if isinstance(t.device, tuple):
+        raise CollectiveError(
+            f"a process group's collectives take a tensor on one device, not on {t.device}; gather it with .to()"
+        )
+    return np.ascontiguousarray(t.numpy())
+
+
+def output_tensor(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, np.ndarray, Callable[[], None]]:
+    """A new realized tensor of `shape` with `like`'s dtype and device, a writable numpy array that the
+    communication library fills, and the function to call once it has: where the device's memory is host memory the
+    array *is* that memory (nothing to do), else a host array copied in."""
+    npdt = to_numpy_dtype(like.dtype)
+    out = Tensor.empty(*shape, dtype=like.dtype, device=like.device)
+    buf, _ = out._buffer_view()
+    as_buffer = getattr(buf.allocator, "_as_buffer", None)
+    if as_buffer is not None and buf.nbytes:
+        return out, np.frombuffer(as_buffer(buf.handle), dtype=npdt, count=buf.size).reshape(shape), lambda: None
+    host = np.empty(shape, dtype=npdt)
+    return out, host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
+
+
+class ProcessGroup(abc.ABC):
+    """A set of processes (ranks 0 .. world_size-1) that exchange tensors. Every rank calls the same collectives in
+    the same order; each returns a new tensor and leaves its input as it was."""
+
+    rank: int
+    world_size: int
+
+    @abc.abstractmethod
+    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        """The reduction (`sum`, `prod`, `max`, `min`, `avg`) of every rank's `t`, on every rank."""
+
+    @abc.abstractmethod
+    def broadcast(self, t: Tensor, root: int = 0) -> Tensor:
+        """Rank `root`'s `t` on every rank (the other ranks' `t` gives only the shape and dtype)."""
+
+    @abc.abstractmethod
+    def all_gather(self, t: Tensor, axis: int = 0) -> Tensor:
+        """Every rank's `t` concatenated along `axis` in rank order, on every rank."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, t: Tensor, op: str = "sum", axis: int = 0) -> Tensor:
+        """The reduction of every rank's `t`, split in world_size equal parts along `axis`: rank r gets part r."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self.world_size:
+            raise CollectiveError(f"root rank {root} is not in this group of {self.world_size} ranks")
+
+    def _scatter_axis(self, t: Tensor, axis: int) -> int:
+        if not -t.ndim <= axis < max(t.ndim, 1) or t.ndim == 0:
+            raise CollectiveError(f"axis {axis} is out of range for a tensor of shape {t.shape}")
+        axis %= t.ndim
+        if t.shape[axis] % self.world_size:
+            raise CollectiveError(
+                f"reduce_scatter splits axis {axis} of size {t.shape[axis]} in {self.world_size} equal parts; pad "
+                f"it to a multiple of {self.world_size}"
+            )
+        return axis

@@ -1,0 +1,97 @@
+"""The MPI process group on localhost: `mpirun -n 2` and `-n 3` (an odd count) run mpi_worker.py, whose ranks check
+every collective against numpy and train 5 data-parallel steps, compared here with the same training in one
+process on the global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mpi_worker
+import numpy as np
+import pytest
+
+from lazygrad import Tensor
+from lazygrad_distributed import CollectiveError, DataParallel, MPIProcessGroup
+
+WORKER = Path(__file__).with_name("mpi_worker.py")
+TIMEOUT_S = 240
+
+
+def _mpirun() -> str:
+    """The mpirun beside this Python (the mpich wheel's) or on PATH; skips where no MPI is installed."""
+    beside = Path(sys.executable).with_name("mpirun")
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if found is None:
+        pytest.skip("no mpirun: install an MPI (`pip install mpich`, the test dependency group has it)")
+    return found
+
+
+def _run(n: int, mode: str, tmp_path: Path) -> list[dict]:
+    out = tmp_path / mode
+    env = {**os.environ, "CPU_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(WORKER.parent), *sys.path])}
+    cmd = [_mpirun(), "-n", str(n), sys.executable, str(WORKER), mode, str(out)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpirun -n {n} {mode} did not finish in {TIMEOUT_S} s: {exc.stdout}{exc.stderr}")
+    assert proc.returncode == 0, f"mpirun -n {n} {mode} failed:\n{proc.stdout}\n{proc.stderr}"
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_match_numpy_on_every_rank(n: int, tmp_path: Path) -> None:
+    results = _run(n, "collectives", tmp_path)
+    assert [r["rank"] for r in results] == list(range(n)) and all(r["world"] == n for r in results)
+    assert all("reduce_scatter" in r["checked"] and "all_reduce sum int32" in r["checked"] for r in results)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_five_data_parallel_steps_match_one_process(n: int, tmp_path: Path) -> None:
+    results = _run(n, "train", tmp_path)
+    one = mpi_worker.train(None)
+    for r in results:
+        np.testing.assert_allclose(r["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+        for got, want in zip(r["params"], one["params"]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # every rank seeded its own initial weights: they end equal to the bit only if rank 0's were broadcast and every
+    # rank applied the same averaged gradients
+    assert all(r["params"] == results[0]["params"] for r in results)
+
+
+# *** one rank, in this process ***
+
+
+def test_single_rank_group_and_argument_errors() -> None:
+    group = MPIProcessGroup()
+    assert (group.rank, group.world_size) == (0, 1)
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(group.all_reduce(Tensor(a)).numpy(), a)
+    np.testing.assert_array_equal(group.all_gather(Tensor(a), 1).numpy(), a)
+    with pytest.raises(CollectiveError, match="unknown reduction"):
+        group.all_reduce(Tensor(a), "mean")
+    with pytest.raises(CollectiveError, match="floating-point"):
+        group.all_reduce(Tensor(a).int(), "avg")
+    with pytest.raises(CollectiveError, match="not in this group"):
+        group.broadcast(Tensor(a), 1)
+    with pytest.raises(CollectiveError, match="one device"):
+        group.all_reduce(Tensor(a).shard(("CPU", "CPU:1"), 0))
+    p = Tensor(a, requires_grad=True)
+    dp = DataParallel([p], group)
+    with pytest.raises(RuntimeError, match=r"no \.grad"):
+        dp.sync_gradients()
+    (p * p).sum().backward()
+    dp.sync_gradients()
+    np.testing.assert_allclose(p.grad.numpy(), 2 * a)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        DataParallel([p], group, bucket_bytes=0)
+
+
+def test_buckets_send_the_last_parameters_first() -> None:
+    ps = [Tensor.zeros(n) for n in (4, 8, 2, 2)]  # 16, 32, 8, 8 bytes
+    dp = DataParallel(ps, MPIProcessGroup(), bucket_bytes=20)
+    assert [[p.shape[0] for p in b] for b in dp.buckets()] == [[2, 2], [8], [4]]
