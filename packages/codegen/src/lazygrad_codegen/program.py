@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lazygrad_codegen.division import guard_divisions
 from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
 from lazygrad_codegen.lowerer import cleanup_rules, lower
@@ -106,7 +107,8 @@ def program_of(k: Kernel) -> ProgramSpec:
     renderer = k.renderer
     width = max(1, renderer.vector_width)
     lowered = lower(k, width)
-    sink = graph_rewrite(lowered.sink, _simplify_rules, name="simplify lowered kernel")
+    sink = guard_divisions(lowered.sink)
+    sink = graph_rewrite(sink, _simplify_rules, name="simplify lowered kernel")
     split, ctx = split_rules(width)
     sink = graph_rewrite(sink, split, ctx=ctx, name="cut vectors")
     sink = group_memory(sink, renderer)
