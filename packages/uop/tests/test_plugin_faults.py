@@ -153,7 +153,7 @@ class _NoHooks:
         ("lazygrad_cpu.plugin", "implements none of lazygrad's hooks"),
         ({"lazygrad_devices": []}, "implements none of lazygrad's hooks"),
         (DeviceSpec("SPEC", open=print, usable=lambda: None, priority=1, package="p"), "implements none of"),
-        (FakePlugin, "it is a class; register a module or an instance"),
+        (FakePlugin, "class whose hooks lazygrad_devices are instance methods; register an instance"),
         (_NoHooks(), "decorated with lazygrad_uop.plugins.hookimpl"),
         (types.ModuleType("empty"), "implements none of lazygrad's hooks"),
     ],
@@ -167,6 +167,16 @@ def test_malformed_registration_is_rejected_and_the_registry_keeps_working(bad: 
     assert registry.installed() == ["GOOD"]
     assert registry.DEFAULT == "GOOD"
     assert registry["GOOD"].device == "GOOD"
+
+
+def test_a_class_of_static_hooks_is_a_plugin() -> None:
+    class Static:
+        @staticmethod
+        @hookimpl
+        def lazygrad_devices() -> list[DeviceSpec]:
+            return FakePlugin("STATIC").lazygrad_devices()
+
+    assert registry_with(Static).installed() == ["STATIC"]
 
 
 def test_hook_with_a_wrong_signature_is_rejected() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
 import threading
 import warnings
 from dataclasses import dataclass
@@ -202,9 +203,17 @@ class DeviceRegistry:
     def _check_plugin(self, plugin: object, name: str | None) -> None:
         what = _describe(plugin)
         if isinstance(plugin, type):
-            raise PluginRegistrationError(
-                f"can't register {what} as a lazygrad plugin: it is a class; register a module or an instance of it"
-            )
+            # a class works as a namespace of static hooks; its instance methods would be called without an instance
+            unbound = [
+                attr
+                for attr in self._hook_names(plugin)
+                if not isinstance(inspect.getattr_static(plugin, attr, None), (staticmethod, classmethod))
+            ]
+            if unbound:
+                raise PluginRegistrationError(
+                    f"can't register {what} as a lazygrad plugin: it is a class whose hooks {', '.join(unbound)} are "
+                    "instance methods; register an instance of it (or a module)"
+                )
         if not self._hook_names(plugin):
             raise PluginRegistrationError(
                 f"can't register {what} as a lazygrad plugin: it implements none of lazygrad's hooks "
