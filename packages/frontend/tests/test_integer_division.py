@@ -47,3 +47,12 @@ def test_int32_divmod_property(pairs: list[tuple[int, int]]) -> None:
     with np.errstate(divide="ignore", over="ignore"):
         np.testing.assert_array_equal((ta // tb).numpy(), a // b)
         np.testing.assert_array_equal((ta % tb).numpy(), a % b)
+
+
+def test_division_by_a_lazy_zero_constant(device: str) -> None:
+    a = np.array([5, -7, 0, -(2**31)], np.int32)
+    ta = Tensor(a, device=device)
+    zeros = Tensor.zeros(4, dtype=ta.dtype, device=device)
+    np.testing.assert_array_equal((ta // zeros).numpy(), np.zeros(4, np.int32))
+    np.testing.assert_array_equal((ta % zeros).numpy(), np.zeros(4, np.int32))
+    np.testing.assert_array_equal((ta // -1).numpy(), np.array([-5, 7, 0, -(2**31)], np.int32))
