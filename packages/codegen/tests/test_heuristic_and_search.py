@@ -116,7 +116,10 @@ def test_beam_search_on_the_cpu_is_correct_and_cached(cache_dir, monkeypatch) ->
     with Context(BEAM=1):
         out, spec = run_device(case.ast, device, None, case.inputs)
     check(case, out, f"BEAM opts {spec.opts}")
-    assert spec.opts, "a 64x64x64 matmul is faster with some opts than without"
+    # which opts win depends on timings (and on the machine's load), so only what is certain is checked: the
+    # choice is a valid opt sequence for the kernel, its program is correct (above), and it is what the cache holds
+    Kernel(case.ast, device.renderer).apply_opts(list(spec.opts))
+    assert diskcache_get("beam_search", search_key(Kernel(case.ast, device.renderer), 1)) == tuple(spec.opts)
 
     def no_search(*args, **kwargs):
         raise AssertionError("the second search of the same kernel must come from the cache")

@@ -150,3 +150,18 @@ def test_without_ld_lld_linking_is_refused_with_the_fix(monkeypatch: pytest.Monk
     monkeypatch.setattr("lazygrad_amd.amdgpu_compiler.find_ld_lld", lambda: None)
     with pytest.raises(RuntimeError, match=r"ld\.lld is needed to link AMDGPU code objects"):
         AMDGPUCompiler("gfx1100")
+
+
+def test_int64_indices_and_guarded_division_compile() -> None:
+    """A loop and offsets past 2^31 (64-bit indices) and an integer division by a loaded divisor (guarded so that it
+    can't trap) compile for AMDGPU."""
+    from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
+    from lazygrad_uop.dtype import dtypes
+
+    n = 2**31 + 6
+    x, y = load(1, dtypes.int32, st(n)), load(2, dtypes.int32, st(n))
+    ast = sink(store(0, reduce(x // y + x % y, Ops.ADD, (0,)), st(1)))
+    spec = get_program(ast, AMDGPURenderer("gfx1100"))
+    assert "i64" in spec.src and any(u.op is Ops.WHERE for u in spec.uops)
+    link = find_ld_lld() is not None
+    assert elf_header(AMDGPUCompiler("gfx1100", link=link).compile(spec.src))[1] == EM_AMDGPU

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,28 @@ lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor gr
 Tensor = lazygrad.Tensor
 
 
-def _clang() -> str | None:
-    return next((c for c in ("clang", *(f"clang-{v}" for v in range(20, 13, -1))) if shutil.which(c)), None)
+# What the renderer's output needs beyond OpenCL C 1.2's core: the half-precision vector loads and stores, which
+# OpenCL C declares without cl_khr_fp16 but clang's default header declares that way only from clang 15 on.
+_PROBE = """__kernel void probe(__global half *h, __global float *o) {
+  float4 v = vload_half4(0, h); vstore_half4(v, 1, h); o[0] = vload_half(0, h) + v.x; vstore_half(v.y, 0, h);
+}
+"""
+
+
+def opencl_c_check(ext: str) -> list[str] | None:
+    """The clang command that syntax-checks OpenCL C 1.2 with extension setting `ext` (e.g. "-cl_khr_fp16") and
+    declares the builtins the renderer uses: the first clang on PATH whose header has them, None if none does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.cl"
+        probe.write_text(_PROBE)
+        for name in ("clang", *(f"clang-{v}" for v in range(20, 13, -1))):
+            if shutil.which(name) is None:
+                continue
+            cmd = [name, "-x", "cl", "-cl-std=CL1.2", "-Xclang", "-finclude-default-header", "-fsyntax-only"]
+            cmd += ["-Xclang", f"-cl-ext={ext}", "-Werror"]
+            if subprocess.run([*cmd, str(probe)], capture_output=True).returncode == 0:
+                return cmd
+    return None
 
 
 # *** every op-suite kernel is OpenCL C ***
@@ -34,8 +55,12 @@ def _clang() -> str | None:
 def test_every_op_suite_kernel_is_opencl_c(half_native: bool, tmp_path: Path) -> None:
     from amd_op_suite_graphs import graphs
 
-    if (clang := _clang()) is None:
-        pytest.skip("no clang on PATH to check OpenCL C with")
+    ext = "+cl_khr_fp16" if half_native else "-cl_khr_fp16"
+    if (check := opencl_c_check(ext)) is None:
+        pytest.skip(
+            f"no clang on PATH declares vload_half4/vstore_half4 for OpenCL C 1.2 with {ext} (clang 14's default "
+            "header declares them only with cl_khr_fp16; clang 15 and later have them); install clang-15 or newer"
+        )
     renderer = OpenCLRenderer(half_native=half_native)
     sources: dict[str, str] = {}
     for _, build in graphs(Tensor):
@@ -50,12 +75,10 @@ def test_every_op_suite_kernel_is_opencl_c(half_native: bool, tmp_path: Path) ->
     for src in sources.values():
         at = src.index("__kernel ")
         units.setdefault(src[:at], []).append(src[at:])
-    ext = "+cl_khr_fp16" if half_native else "-cl_khr_fp16"
     for n, (prelude, kernels) in enumerate(units.items()):
         path = tmp_path / f"unit{n}.cl"
         path.write_text(prelude + "\n".join(kernels))
-        cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-Xclang", "-finclude-default-header", "-fsyntax-only"]
-        proc = subprocess.run([*cmd, "-Xclang", f"-cl-ext={ext}", "-Werror", str(path)], capture_output=True, text=True)
+        proc = subprocess.run([*check, str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{proc.stderr}\n{path.read_text()}"
 
 

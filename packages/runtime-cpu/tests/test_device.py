@@ -26,7 +26,8 @@ from lazygrad_uop.registry import DeviceRegistry
 
 
 class _FakeDevices:
-    """A GPU-like device (priority 100) and a reference device (priority 0) that never open."""
+    """A GPU-like device (priority 100) that opens only when usable (the registry opens the default it chooses, to
+    pass over one that fails to open) and a reference device (priority 0) that never opens."""
 
     def __init__(self, gpu_usable: bool) -> None:
         self.gpu_usable = gpu_usable
@@ -36,9 +37,13 @@ class _FakeDevices:
         def never(name: str) -> CompiledDevice:
             raise AssertionError(f"{name} should not be opened")
 
+        def gpu(name: str) -> CompiledDevice:
+            assert self.gpu_usable, f"{name} is not usable and should not be opened"
+            return plugin.open_cpu("CPU")  # a working device stands in for the GPU
+
         gpu_reason = None if self.gpu_usable else "no GPU here"
         return [
-            DeviceSpec("FAKEGPU", open=never, usable=lambda: gpu_reason, priority=100, package="fake"),
+            DeviceSpec("FAKEGPU", open=gpu, usable=lambda: gpu_reason, priority=100, package="fake"),
             DeviceSpec("PYTHON", open=never, usable=lambda: None, priority=0, package="fake"),
         ]
 

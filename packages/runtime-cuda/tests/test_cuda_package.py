@@ -11,7 +11,7 @@ import pytest
 from lazygrad_cuda import plugin
 from lazygrad_cuda.device import registered_tensor_cores
 from lazygrad_cuda.renderer import CUDARenderer
-from lazygrad_uop.device import TensorCore
+from lazygrad_uop.device import CompiledDevice, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.plugins import DeviceSpec, hookimpl
 from lazygrad_uop.registry import DeviceRegistry, DeviceUnavailableError
@@ -24,13 +24,18 @@ def _registry(*plugins: object) -> DeviceRegistry:
     return registry
 
 
+def _stub_device(name: str) -> CompiledDevice:
+    return CompiledDevice(name, None, None, None, None)  # type: ignore[arg-type]
+
+
 class _FakeCPU:
     """A usable device of the CPU's priority, to see which one the registry picks as default."""
 
     @staticmethod
     @hookimpl
     def lazygrad_devices() -> list[DeviceSpec]:
-        return [DeviceSpec("CPU", open=lambda name: None, usable=lambda: None, priority=50, package="test")]  # type: ignore[arg-type,return-value]
+        # the registry opens the default it chooses: an opened device with no parts is enough to be chosen
+        return [DeviceSpec("CPU", open=_stub_device, usable=lambda: None, priority=50, package="test")]
 
 
 def test_imports() -> None:

@@ -163,3 +163,19 @@ def test_type_names() -> None:
     assert R.render_dtype(dtypes.bfloat16.ptr(4)) == "__nv_bfloat16*"
     with pytest.raises(ValueError, match="sm_80"):
         CUDARenderer("ampere")
+
+
+def test_int64_indices_and_guarded_division_compile(tmp_path: Path) -> None:
+    """A loop and offsets past 2^31 (rendered with 64-bit indices) and an integer division by a loaded divisor (with
+    the guard that keeps it from trapping) are valid CUDA."""
+    from lazygrad_codegen import get_program
+    from lazygrad_codegen.kernel_ast import load as ast_load
+    from lazygrad_codegen.kernel_ast import reduce, sink, st
+    from lazygrad_codegen.kernel_ast import store as ast_store
+
+    n = 2**31 + 6
+    x, y = ast_load(1, dtypes.int32, st(n)), ast_load(2, dtypes.int32, st(n))
+    ast = sink(ast_store(0, reduce(x // y + x % y, Ops.ADD, (0,)), st(1)))
+    spec = get_program(ast, R)
+    assert "long long" in spec.src and any(u.op is Ops.WHERE for u in spec.uops)
+    compile_everywhere(spec.src, "wide_div", tmp_path)

@@ -303,3 +303,16 @@ def test_float4_stores_into_threadgroup_memory(msl) -> None:
     x = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
     out, _ = run_python(spec.uops, np.zeros(8, np.float32), x, global_size=spec.global_size, local_size=spec.local_size)
     np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-5)
+
+
+def test_int64_indices_and_guarded_division_are_msl(msl) -> None:
+    """A loop and offsets past 2^31 (64-bit indices) and an integer division by a loaded divisor (guarded so that it
+    can't trap) are valid Metal Shading Language."""
+    from lazygrad_codegen import get_program
+    from lazygrad_codegen.kernel_ast import load, reduce, sink, st, store
+
+    n = 2**31 + 6
+    x, y = load(1, dtypes.int32, st(n)), load(2, dtypes.int32, st(n))
+    spec = get_program(sink(store(0, reduce(x // y + x % y, Ops.ADD, (0,)), st(1))), MetalRenderer())
+    assert "long" in spec.src and any(u.op is Ops.WHERE for u in spec.uops)
+    msl(spec.src)

@@ -35,7 +35,9 @@ def test_lowest_priority_never_the_default_beside_another_device() -> None:
     class Other:
         @hookimpl
         def lazygrad_devices(self) -> list[DeviceSpec]:
-            return [DeviceSpec("SLOWEST", open=lambda n: None, usable=lambda: None, priority=-99, package="other")]
+            # the registry opens the default it chooses: an opened device with no parts is enough to be chosen
+            stub = CompiledDevice("SLOWEST", None, None, None, None)  # type: ignore[arg-type]
+            return [DeviceSpec("SLOWEST", open=lambda n: stub, usable=lambda: None, priority=-99, package="other")]
 
     registry = DeviceRegistry(group="lazygrad-python-test-no-entry-points")
     registry.register_plugin(plugin)

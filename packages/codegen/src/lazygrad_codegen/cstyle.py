@@ -408,7 +408,7 @@ class CStyleLanguage(Renderer):
                 line(f"int {name} = {self.render_workitem(name[0], int(name[-1]), workgroup)}; /* {size} */")
             elif op is Ops.RANGE:
                 r[u] = f"ridx{u.arg}"
-                line(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                line(f"for ({self.render_dtype(u.dtype)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 indent += 1
             elif op is Ops.IF:
                 line(f"if ({r[src[0]]}) {{")

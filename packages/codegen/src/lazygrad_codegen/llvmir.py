@@ -347,8 +347,9 @@ class LLVMFunction:
             self.label(f"loop_entry_{k}")
             self.emit(f"br label %loop_header_{k}")
             self.label(f"loop_header_{k}")
-            self.emit(f"{r} = phi i32 [0, %loop_entry_{k}], [{r}_next, %loop_latch_{k}]")
-            go = self.op(f"icmp slt i32 {r}, {self.get(src[0])}")
+            it = ltype(u.dtype)
+            self.emit(f"{r} = phi {it} [0, %loop_entry_{k}], [{r}_next, %loop_latch_{k}]")
+            go = self.op(f"icmp slt {it} {r}, {self.get(src[0])}")
             self.emit(f"br i1 {go}, label %loop_body_{k}, label %loop_exit_{k}")
             self.label(f"loop_body_{k}")
         elif op is Ops.END:
@@ -356,7 +357,7 @@ class LLVMFunction:
             r = self.val[src[0]]
             self.emit(f"br label %loop_latch_{k}")
             self.label(f"loop_latch_{k}")
-            self.emit(f"{r}_next = add nuw nsw i32 {r}, 1")
+            self.emit(f"{r}_next = add nuw nsw {ltype(src[0].dtype)} {r}, 1")
             self.emit(f"br label %loop_header_{k}")
             self.label(f"loop_exit_{k}")
         elif op is Ops.DEFINE_ACC:
@@ -366,11 +367,11 @@ class LLVMFunction:
         elif op is Ops.ASSIGN:
             self.emit(f"store {ltype(u.dtype)} {self.get(src[1])}, ptr {self.val[src[0]]}")
         elif op is Ops.INDEX:
-            idx = self.get(src[1])
+            idx, it = self.get(src[1]), ltype(src[1].dtype)
             if len(src) == 3:
                 # a masked-out index may point anywhere: read element 0 instead, and let the load's gate discard it
-                idx = self.op(f"select i1 {self.get(src[2])}, i32 {idx}, i32 0")
-            self.val[u] = self.op(f"getelementptr inbounds {mtype(u.dtype.base)}, ptr {self.get(src[0])}, i32 {idx}")
+                idx = self.op(f"select i1 {self.get(src[2])}, {it} {idx}, {it} 0")
+            self.val[u] = self.op(f"getelementptr inbounds {mtype(u.dtype.base)}, ptr {self.get(src[0])}, {it} {idx}")
         elif op is Ops.LOAD:
             # a vector load reads consecutive elements, aligned to one element
             align = max(u.dtype.scalar().itemsize, 1)

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from lazygrad_codegen.heuristic import accumulator_budget
+from lazygrad_codegen.index_width import INT32_MAX, index_dtype
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
@@ -51,11 +52,13 @@ MAX_DIMS = 3
 
 @dataclass(frozen=True)
 class LoweredKernel:
-    """A kernel after lowering: the linear-level graph and its launch dimensions."""
+    """A kernel after lowering: the linear-level graph, its launch dimensions, and the integer type of its index
+    arithmetic (`index_width`)."""
 
     sink: UOp
     global_size: tuple[sint, sint, sint]
     local_size: tuple[int, int, int]
+    index_dtype: DType = dtypes.int32
 
 
 def hardware_indices(sizes: list[sint], prefix: str) -> tuple[list[UOp], tuple[sint, sint, sint]]:
@@ -170,12 +173,16 @@ class _Lowerer:
 
     def __post_init__(self) -> None:
         k, r = self.k, self.k.renderer
+        # int64 only where the kernel's index arithmetic can pass int32 (`index_width`)
+        views = list(k.views.values()) + ([k.views[k.reduce_mask]] if k.reduce_mask in k.views else [])
+        self.idx_dt = dt = index_dtype(views, tuple(k.full_shape))
         globals_ = k.axes(AxisType.GLOBAL)
         if r.has_local:
             gidx, self.global_size = hardware_indices([k.full_shape[a] for a in globals_], "gidx")
             if k.staged:
                 gidx = grouped_launch(gidx, [k.full_shape[a] for a in globals_])
-            self.idx.update(zip(globals_, gidx, strict=True))
+            # hardware indices are int32 on every device; an int64 kernel computes with them widened
+            self.idx.update(zip(globals_, (g.cast(dt) if dt != g.dtype else g for g in gidx), strict=True))
             if r.global_max is not None:
                 for n, (size, limit) in enumerate(zip(self.global_size, r.global_max, strict=False)):
                     if isinstance(size, int) and size > limit:
@@ -195,13 +202,15 @@ class _Lowerer:
         else:
             for n, a in enumerate(globals_):
                 size = k.full_shape[a]
-                if n == 0 and r.has_threads and isinstance(size, int) and size > 0:
+                # (the thread split takes an int32 range: a longer outer axis is one loop)
+                if n == 0 and r.has_threads and isinstance(size, int) and 0 < size <= INT32_MAX:
                     # the outermost output loop is split over CPU threads by the runtime
-                    self.idx[a] = UOp.special(size, "core0")
+                    core = UOp.special(size, "core0")
+                    self.idx[a] = core.cast(dt) if dt != core.dtype else core
                     self.global_size = (size, 1, 1)
                 else:
-                    self.idx[a] = UOp.range(size, a)
-        self.reduce_ranges = tuple(UOp.range(k.full_shape[a], a) for a in k.axes(AxisType.REDUCE))
+                    self.idx[a] = UOp.range(size, a, dt)
+        self.reduce_ranges = tuple(UOp.range(k.full_shape[a], a, dt) for a in k.axes(AxisType.REDUCE))
         self.idx.update(zip(k.axes(AxisType.REDUCE), self.reduce_ranges, strict=True))
         upcast, unroll = k.axes(AxisType.UPCAST), k.axes(AxisType.UNROLL)
         up_sizes = tuple(int(k.full_shape[a]) for a in upcast)
@@ -223,7 +232,7 @@ class _Lowerer:
     def idxs(self, lanes: _Lanes, coord: dict[int | str, int]) -> list[UOp]:
         """The index of every kernel axis for the lane at `coord` of `lanes`."""
         out: list[UOp] = []
-        zero = UOp.const(dtypes.int32, 0)
+        zero = UOp.const(self.idx_dt, 0)
         above_reduce = lanes is self.out
         pins = dict(lanes.pins)
         lane = 0
@@ -234,7 +243,7 @@ class _Lowerer:
             if a in pins:
                 out.append(pins[a][lane])
             elif a in coord:
-                out.append(UOp.const(dtypes.int32, coord[a]))
+                out.append(UOp.const(self.idx_dt, coord[a]))
             elif t in (AxisType.TC_M, AxisType.TC_N, AxisType.TC_K):
                 if not lanes.operand or (above_reduce and t is AxisType.TC_K):
                     out.append(zero)
@@ -246,7 +255,9 @@ class _Lowerer:
                 out.append(zero)
             else:
                 out.append(self.idx.get(a, zero))
-        return out
+        # hardware indices, tensor-core coordinates and selected positions are int32: views build their arithmetic
+        # (constants included) in the type of the indices they are given, which must be the kernel's
+        return [i if i.dtype == self.idx_dt else i.cast(self.idx_dt) for i in out]
 
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
         """(index, valid) of `view` for each lane."""
@@ -372,7 +383,7 @@ class _Lowerer:
         sub = [(a, s) for a, s in zip(self.out.axes, self.out.sizes, strict=True) if a in read]
         m = math.prod(s for _, s in sub)
         # above the reduction: the reduce axes (which `u` doesn't read) at 0, never their loop
-        at_zero = tuple((a, (UOp.const(dtypes.int32, 0),) * m) for a in self.k.axes(*REDUCE_TYPES))
+        at_zero = tuple((a, (UOp.const(self.idx_dt, 0),) * m) for a in self.k.axes(*REDUCE_TYPES))
         v = self.value(u, _Lanes(tuple(a for a, _ in sub), tuple(s for _, s in sub), pins=at_zero))
         out = []
         for coord in self.out.coords():
@@ -402,6 +413,8 @@ class _Lowerer:
             x = vectorize([v.where(gep(x, (i,)), identity) for i, v in enumerate(valid)])
         n_acc = n_out * a
         slices = [gep(x, _acc_lanes(step, n_out, n_unroll, a, dot)) for step in range(n_unroll // a)]
+        if (folded := self._invariant_reduce(x, slices, op, n_out, a, dot)) is not None:
+            return folded
         if self.reduce_ranges:
             acc = self._acc(red.dtype, n_acc, identity, self.reduce_ranges)
             new = acc
@@ -417,6 +430,33 @@ class _Lowerer:
             res = self._group_reduce(red, res, op, identity)
         return res
 
+    def _invariant_reduce(self, x: UOp, slices: list[UOp], op: Ops, n_out: int, apart: int, dot: bool) -> UOp | None:
+        """The reduction's result without a loop when the reduced value `x` is the same at every position of the
+        reduce loops and of the group's threads (a sum of a constant or of a broadcast load): a sum is the sum of one
+        step's lanes times the number of steps (one rounding where a loop of float adds would round at every step;
+        wrapping as its int adds would), a max or an any the value itself. None when `x` depends on them, or when
+        their sizes are symbolic or zero (the loop then decides how often, or whether, it runs)."""
+        groups = self.k.axes(AxisType.GROUP_REDUCE)
+        if op not in (Ops.ADD, Ops.MAX, Ops.OR) or not (self.reduce_ranges or groups):
+            return None
+        loops = [*self.reduce_ranges, *(self.idx[g] for g in groups)]
+        if any(r in x.toposort for r in loops):
+            return None
+        sizes = [r.src[0] for r in self.reduce_ranges]
+        if not all(e.op is Ops.CONST for e in sizes):
+            return None
+        trips = math.prod(e.arg for e in sizes) * math.prod(int(self.k.full_shape[g]) for g in groups)
+        if trips == 0:
+            return None
+        once = slices[0]
+        for s in slices[1:]:
+            once = once.alu(op, s)
+        res = _fold_apart(once, op, n_out, apart, dot)
+        if groups:
+            # every thread of a group holds the whole result; the first one stores it, as after a grouped reduction
+            self.store_gate = self._first_in_group()
+        return res * UOp.const(res.dtype, trips) if op is Ops.ADD else res
+
     def _acc(self, dtype: DType, n: int, identity: UOp, ranges: tuple[UOp, ...]) -> UOp:
         acc = UOp(Ops.DEFINE_ACC, vec(dtype, n), (vectorize([identity] * n), *ranges), arg=(self.accumulators,))
         self.accumulators += 1
@@ -429,16 +469,21 @@ class _Lowerer:
             out = out * int(self.k.full_shape[a]) + self.idx[a]
         return out
 
+    def _first_in_group(self) -> UOp:
+        """Whether this thread is at position 0 of every GROUP_REDUCE axis."""
+        first: UOp | None = None
+        for g in self.k.axes(AxisType.GROUP_REDUCE):
+            is_first = self.idx[g].eq(0)
+            first = is_first if first is None else first & is_first
+        assert first is not None
+        return first
+
     def _group_reduce(self, red: UOp, res: UOp, op: Ops, identity: UOp) -> UOp:
         k = self.k
         groups, local = k.axes(AxisType.GROUP_REDUCE), k.axes(AxisType.LOCAL)
         l_flat, g_flat = self._flat(local), self._flat(groups)
-        first_in_group = None
-        for g in groups:
-            is_first = self.idx[g].eq(0)
-            first_in_group = is_first if first_in_group is None else first_in_group & is_first
         # every thread of a group ends with the whole result; the first one stores it
-        self.store_gate = first_in_group
+        self.store_gate = self._first_in_group()
         if (split := k.warp_split()) is None:
             return self._through_shared(red, res, op, identity, l_flat, g_flat, k.lanes(AxisType.GROUP_REDUCE))
         lanes, warps = split
@@ -573,7 +618,7 @@ def lower(k: Kernel, width: int = 1) -> LoweredKernel:
     lw = _Lowerer(k, width)
     stores = [s for st in k.ast.src for s in lw.stores(st)]
     sink = UOp(Ops.SINK, dtypes.void, tuple(stores))
-    return LoweredKernel(sink, lw.global_size, lw.local_size)
+    return LoweredKernel(sink, lw.global_size, lw.local_size, lw.idx_dt)
 
 
 def _drop_false_stores(sink: UOp) -> UOp | None:

@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lazygrad_codegen.division import guard_divisions
+from lazygrad_codegen.index_width import promote_rules
 from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
 from lazygrad_codegen.lowerer import cleanup_rules, lower
@@ -23,6 +25,7 @@ from lazygrad_codegen.selection import keep_selections_whole
 from lazygrad_codegen.vectors import group_memory, split_rules, vector_rules
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import graph_rewrite
 from lazygrad_uop.symbolic import symbolic
@@ -106,7 +109,11 @@ def program_of(k: Kernel) -> ProgramSpec:
     renderer = k.renderer
     width = max(1, renderer.vector_width)
     lowered = lower(k, width)
-    sink = graph_rewrite(lowered.sink, _simplify_rules, name="simplify lowered kernel")
+    sink = lowered.sink
+    if lowered.index_dtype != dtypes.int32:
+        sink = graph_rewrite(sink, promote_rules, name="widen mixed index arithmetic")
+    sink = guard_divisions(sink)
+    sink = graph_rewrite(sink, _simplify_rules, name="simplify lowered kernel")
     split, ctx = split_rules(width)
     sink = graph_rewrite(sink, split, ctx=ctx, name="cut vectors")
     sink = group_memory(sink, renderer)

@@ -287,7 +287,8 @@ class Stager:
                     coords.get(a, reduce_at.get(a, lw.idx[a] if k.axis_types[a] is AxisType.GLOBAL else zero_index))
                     for a in range(k.rank)
                 ]
-                gidx, valid = st.to_indexed_uops(idxs)
+                # views compute in the type of their first index: the kernel's index type (`index_width`)
+                gidx, valid = st.to_indexed_uops([i if i.dtype == lw.idx_dt else i.cast(lw.idx_dt) for i in idxs])
                 lidx = base
                 for a, c in coords.items():
                     lidx = lidx + c * local[a]

@@ -218,7 +218,7 @@ def _runs(offsets: list[int], widths: tuple[int, ...], aligned: bool, base: UOp 
 
 
 def _index_with(idx_node: UOp, base: UOp | None, offset: int) -> UOp:
-    new_idx = UOp.const(dtypes.int32, offset) if base is None else (base if offset == 0 else base + offset)
+    new_idx = UOp.const(idx_node.src[1].dtype, offset) if base is None else (base if offset == 0 else base + offset)
     return idx_node.replace(src=(idx_node.src[0], new_idx, *idx_node.src[2:]))
 
 

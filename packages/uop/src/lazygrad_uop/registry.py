@@ -7,12 +7,18 @@
     Device.DEFAULT       # DEV if set, else the highest-priority usable device
 
 Nothing is imported until the registry is first asked a question, and a plugin that fails to import is reported
-once with a `LazygradPluginWarning` and skipped, so one broken plugin never hides the others.
+once with a `LazygradPluginWarning` and skipped, so one broken plugin never hides the others. The same holds for a
+device that says it is usable but fails to open: when choosing the default, it is skipped with a warning naming its
+package and the next usable device is chosen. A hook implementation whose name matches no hook of
+`lazygrad_uop.plugins.LazygradSpec` (a misspelling) is reported with a warning; `register_plugin` rejects an object
+that implements no hook at all (`PluginRegistrationError`) and leaves the registry as it was.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
+import inspect
 import threading
 import warnings
 from dataclasses import dataclass
@@ -60,6 +66,11 @@ class DeviceUnavailableError(RuntimeError):
 
 class PluginError(RuntimeError):
     """A plugin broke its contract while opening a device (e.g. returned something that is not a device)."""
+
+
+class PluginRegistrationError(TypeError):
+    """`register_plugin` was given something that is not a plugin: not a module or object with `@hookimpl`
+    functions named after lazygrad's hooks. The registry is left as it was."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,12 @@ _HOOKS = (
     ("lazygrad_renderers", RendererSpec),
     ("lazygrad_tensor_cores", TensorCoreSpec),
 )
+_SPEC_NAMES = tuple(hook for hook, _ in _HOOKS)
+
+
+def _describe(plugin: object) -> str:
+    text = repr(plugin)
+    return f"{type(plugin).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 class DeviceRegistry:
@@ -154,11 +171,70 @@ class DeviceRegistry:
     # ---- plugins
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
-        """Register a module or object that implements lazygrad hooks, as if an entry point had named it."""
+        """Register a module or object that implements lazygrad hooks, as if an entry point had named it.
+
+        Raises `PluginRegistrationError` (and registers nothing) for anything else: a class rather than an instance,
+        an object without any `@hookimpl` function, one already registered, or a hook whose signature doesn't match
+        its spec. A hook implementation whose name matches no spec is registered with a warning."""
         with self._lock:
             self._load_entry_points()
-            self._pm.register(plugin, name=name)
+            self._check_plugin(plugin, name)
+            try:
+                registered = self._pm.register(plugin, name=name)
+            except (ValueError, pluggy.PluginValidationError) as exc:
+                raise PluginRegistrationError(
+                    f"can't register {_describe(plugin)} as a lazygrad plugin: {exc}"
+                ) from exc
+            self._warn_unknown_hooks(plugin, registered or name or _describe(plugin), stacklevel=4)
             self._catalog = None
+
+    def _hook_names(self, plugin: object) -> list[str]:
+        """The hooks `plugin` implements with `@hookimpl`, by the name of the spec each is meant for."""
+        names = []
+        for attr in dir(plugin):
+            try:
+                opts = self._pm.parse_hookimpl_opts(plugin, attr)
+            except Exception:  # noqa: BLE001 - an attribute that can't be read is not a hook
+                continue
+            if opts is not None:
+                names.append(opts.get("specname") or attr)
+        return names
+
+    def _check_plugin(self, plugin: object, name: str | None) -> None:
+        what = _describe(plugin)
+        if isinstance(plugin, type):
+            # a class works as a namespace of static hooks; its instance methods would be called without an instance
+            unbound = [
+                attr
+                for attr in self._hook_names(plugin)
+                if not isinstance(inspect.getattr_static(plugin, attr, None), (staticmethod, classmethod))
+            ]
+            if unbound:
+                raise PluginRegistrationError(
+                    f"can't register {what} as a lazygrad plugin: it is a class whose hooks {', '.join(unbound)} are "
+                    "instance methods; register an instance of it (or a module)"
+                )
+        if not self._hook_names(plugin):
+            raise PluginRegistrationError(
+                f"can't register {what} as a lazygrad plugin: it implements none of lazygrad's hooks "
+                f"({', '.join(_SPEC_NAMES)}); a plugin is a module (or object) whose hook functions are decorated "
+                "with lazygrad_uop.plugins.hookimpl"
+            )
+        if self._pm.is_registered(plugin) or (name is not None and self._pm.has_plugin(name)):
+            raise PluginRegistrationError(f"can't register {what} as a lazygrad plugin: it is already registered")
+
+    def _warn_unknown_hooks(self, plugin: object, name: str, stacklevel: int) -> None:
+        for hook in self._hook_names(plugin):
+            if hook in _SPEC_NAMES:
+                continue
+            close = difflib.get_close_matches(hook, _SPEC_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; the hooks are {', '.join(_SPEC_NAMES)}"
+            warnings.warn(
+                f"lazygrad plugin {name!r} implements {hook!r}, which is not a lazygrad hook, so it is never "
+                f"called{hint}",
+                LazygradPluginWarning,
+                stacklevel=stacklevel,
+            )
 
     def unregister_plugin(self, plugin: object) -> None:
         """Remove a plugin and forget the devices opened through it."""
@@ -189,8 +265,23 @@ class DeviceRegistry:
                     stacklevel=4,
                 )
                 continue
-            if not self._pm.is_registered(module):
-                self._pm.register(module, name=f"{ep.name} ({dist})")
+            if self._pm.is_registered(module):
+                continue
+            name = f"{ep.name} ({dist})"
+            if not self._hook_names(module):
+                warnings.warn(
+                    f"lazygrad plugin {name!r} was skipped: its module {module.__name__!r} implements none of "
+                    f"lazygrad's hooks ({', '.join(_SPEC_NAMES)}) with lazygrad_uop.plugins.hookimpl",
+                    LazygradPluginWarning,
+                    stacklevel=4,
+                )
+                continue
+            try:
+                self._pm.register(module, name=name)
+            except (ValueError, pluggy.PluginValidationError) as exc:
+                warnings.warn(f"lazygrad plugin {name!r} was skipped: {exc}", LazygradPluginWarning, stacklevel=4)
+                continue
+            self._warn_unknown_hooks(module, name, stacklevel=5)
 
     def _skip_plugin(self, plugin: object, why: str) -> None:
         name = self._pm.get_name(plugin)
@@ -311,6 +402,18 @@ class DeviceRegistry:
         reasons = []
         for spec in ranked:
             if (reason := self.usable(spec.name)) is None:
+                # the default is opened now, so that a device that claims to be usable but can't open is passed over
+                # here, with a warning, rather than failing every operation on the default device later
+                try:
+                    self[spec.name]
+                except (DeviceUnavailableError, PluginError) as exc:
+                    warnings.warn(
+                        f"device {spec.name} from {spec.package} was skipped as the default device: {exc}",
+                        LazygradPluginWarning,
+                        stacklevel=4,
+                    )
+                    reasons.append(f"{spec.name} ({spec.package}): {self.usable(spec.name)}")
+                    continue
                 return spec.name
             reasons.append(f"{spec.name} ({spec.package}): {reason}")
         if not reasons:
@@ -333,7 +436,14 @@ class DeviceRegistry:
                     raise DeviceUnavailableError(
                         f"device {canonical} (from {spec.package}) is installed but not usable here: {reason}"
                     )
-                device = spec.open(canonical)
+                try:
+                    device = spec.open(canonical)
+                except Exception as exc:
+                    # the device is unusable from now on, for the default choice too
+                    self._usable[spec.name] = f"opening {canonical} raised {type(exc).__name__}: {exc}"
+                    raise DeviceUnavailableError(
+                        f"device {canonical} (from {spec.package}) failed to open: {type(exc).__name__}: {exc}"
+                    ) from exc
                 if not isinstance(device, CompiledDevice):
                     raise PluginError(
                         f"{spec.package} opened {canonical} as {type(device).__name__}, not a CompiledDevice"

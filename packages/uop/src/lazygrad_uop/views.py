@@ -462,7 +462,12 @@ class View:
 @functools.lru_cache(maxsize=1 << 12)
 def _view_indexed(view: View, idxs: tuple[UOp, ...], valid: UOp | None) -> tuple[UOp, UOp]:
     """`View.to_indexed_uops`, for arity-checked `idxs`."""
-    dt = idxs[0].dtype if idxs else dtypes.int32
+    if idxs:
+        dt = idxs[0].dtype
+    else:
+        # with no coordinates, the offset alone is the index: int64 when it doesn't fit int32
+        fits = isinstance(view.offset, UOp) or -(2**31) <= view.offset < 2**31
+        dt = dtypes.int32 if fits else dtypes.int64
     if view.empty:
         return UOp.const(dt, 0), UOp.const(dtypes.bool, False)
     idx: UOp | None = None
