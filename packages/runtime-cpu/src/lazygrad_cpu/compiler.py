@@ -45,9 +45,24 @@ def host_vector_bits() -> int:
     return 128
 
 
+_local = threading.local()
+
+
+def _thread_context() -> llvm.ContextRef:
+    # an LLVM context must not be shared by threads; this thread's lives as long as the thread
+    if (ctx := getattr(_local, "context", None)) is None:
+        ctx = _local.context = llvm.create_context()
+    return ctx
+
+
 class LLVMCompiler(Compiler):
     """LLVM IR text to an object file for the host CPU. Binaries are cached per CPU and feature set, since code
-    using AVX-512 must not be loaded on a machine without it."""
+    using AVX-512 must not be loaded on a machine without it.
+
+    Thread-safe: each thread parses into its own LLVM context (llvmlite serialises the calls into LLVM, and releases
+    the GIL during them), so kernels compile on a worker thread while Python generates the next ones."""
+
+    threadsafe = True
 
     def __init__(self, opt: int = 3) -> None:
         self.opt = opt
@@ -60,7 +75,7 @@ class LLVMCompiler(Compiler):
         """`src` parsed, verified and optimised for the host; raises CompileError with LLVM's message when the IR is
         invalid."""
         try:
-            mod = llvm.parse_assembly(src)
+            mod = llvm.parse_assembly(src, context=_thread_context())
             mod.verify()
         except RuntimeError as exc:
             raise CompileError(f"LLVM rejected the IR: {exc}\n{src}") from exc
