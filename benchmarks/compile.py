@@ -7,8 +7,10 @@ Workloads (CPU unless DEV says otherwise), each timed from its weights being rea
 - gpt2: GPT-2 124M, an 8-token prompt and the first generated token (examples/gpt2.py);
 - convnet: one Adam training step of examples/train_digits.py's conv net, batch 64.
 
-Every measurement runs in its own process. The tinygrad column appears only where tinygrad is installed (this
-benchmark installs nothing), for the conv net written against tinygrad's API, with its own empty cache.
+Every measurement runs in its own process. The reference is torch eager's first step of the same model in the same
+run (ResNet-18 and GPT-2, from the examples' torch versions), where torch is installed. The tinygrad column appears
+only where tinygrad is installed (this benchmark installs nothing), for the conv net written against tinygrad's API,
+with its own empty cache.
 
     python benchmarks/compile.py                          # all workloads, cold then warm
     python benchmarks/compile.py --workloads resnet --repeat 3
@@ -98,6 +100,25 @@ def convnet_step() -> Callable[[], object]:
 WORKLOADS = {"resnet": resnet_step, "gpt2": gpt2_step, "convnet": convnet_step}
 
 
+def torch_step(name: str) -> Callable[[], object]:
+    """The reference: the same first step in torch eager (the examples' torch versions; none for the conv net)."""
+    import torch
+
+    if name == "resnet":
+        from lazygrad import Tensor
+
+        r = example("resnet")
+        Tensor.manual_seed(0)
+        _, step = r.torch_reference(r.resnet18(num_classes=1000), lr=r.LR * 8 / 256)
+        ((x, y),) = r.random_batches(1, 8, 64, 1000)
+        return lambda: step(torch.from_numpy(x), torch.from_numpy(y).long()).item()
+    if name == "gpt2":
+        g = example("gpt2")
+        model = g.GPT2(g.GPT2Config.gpt2_124m(), seed=0)
+        return lambda: g.torch_generate(model, [464, 2068, 7586, 21831, 18045, 625, 262, 16931], 1)
+    raise NotImplementedError(f"no torch version of the {name} workload")
+
+
 def tinygrad_step(name: str) -> Callable[[], object]:
     """The conv net workload written against tinygrad (only called where tinygrad is installed). ResNet-18 and GPT-2
     have no tinygrad version here: tinygrad's package ships no model definitions, and a hand port would measure the
@@ -138,8 +159,8 @@ def tinygrad_step(name: str) -> Callable[[], object]:
 
 def measure(name: str, framework: str) -> float:
     """Seconds of the first step of workload `name`, in this process."""
-    make = WORKLOADS[name] if framework == "lazygrad" else lambda: tinygrad_step(name)
-    step = make()
+    makers = {"lazygrad": WORKLOADS[name], "tinygrad": lambda: tinygrad_step(name), "torch": lambda: torch_step(name)}
+    step = makers[framework]()
     st = time.perf_counter()
     step()
     return time.perf_counter() - st
@@ -190,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         profile(args.profile, args.top)
         return
+    has_torch = importlib.util.find_spec("torch") is not None
     frameworks = ["lazygrad"] + (["tinygrad"] if importlib.util.find_spec("tinygrad") else [])
     results: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for name in args.workloads:
@@ -205,8 +227,13 @@ def main(argv: list[str] | None = None) -> None:
                         print(f"{fw} {name} failed:\n{exc.stderr[-2000:]}", file=sys.stderr)
                         break
             results[name, fw] = (cold, warm)
+        if has_torch and name != "convnet":
+            with tempfile.TemporaryDirectory(prefix="lazygrad-compile-bench-") as cachedir:
+                results[name, "torch"] = ([run_child(name, "torch", cachedir) for _ in range(args.repeat)], [])
     print(f"\nfirst step, seconds (median of {args.repeat}); cold: empty cache directory, warm: a fresh process")
-    head = f"{'workload':10s} {'cold':>8s} {'warm':>8s} {'target cold/warm':>17s}"
+    head = (
+        f"{'workload':10s} {'cold':>8s} {'warm':>8s} {'cold/warm':>9s} {'torch eager':>11s} {'target cold/warm':>17s}"
+    )
     if "tinygrad" in frameworks:
         head += f" {'tinygrad cold':>14s} {'tinygrad warm':>14s}"
     print(head)
@@ -218,7 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         cold, warm = results[name, "lazygrad"]
         tc, tw = TARGETS[name]
         target = f"{tc:g} / {tw:g}" if tw is not None else f"{tc:g} / -"
-        line = f"{name:10s} {med(cold)} {med(warm)} {target:>17s}"
+        ratio = f"{statistics.median(cold) / statistics.median(warm):9.1f}" if cold and warm else f"{'-':>9s}"
+        torch_first = results.get((name, "torch"), ([], []))[0]
+        line = f"{name:10s} {med(cold)} {med(warm)} {ratio} {med(torch_first):>11s} {target:>17s}"
         if "tinygrad" in frameworks:
             tg_cold, tg_warm = results.get((name, "tinygrad"), ([], []))
             line += f" {med(tg_cold):>14s} {med(tg_warm):>14s}"
