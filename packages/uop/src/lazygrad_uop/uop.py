@@ -74,6 +74,8 @@ def _check_fields(op: Any, src: Any) -> None:
             raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
 
 
+_CONST_VALUE = Ops.CONST._value_
+
 # arg types whose equality already tells apart what interning must: with the arg's type in the key, 1 and True stay
 # apart; floats (0.0 == -0.0, nan != nan) and containers need `_arg_key`
 _PLAIN_ARGS = frozenset({int, bool, str, type(None)})
@@ -248,6 +250,11 @@ class UOp(metaclass=_UOpInterner):
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
         # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
         if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
+            # a live constant straight from the intern table, by the key the interner files it under: skips the
+            # metaclass call, and codegen builds about a million of these for a ResNet's first step
+            ref = _INTERNED.get((_CONST_VALUE, dtype, (), value, int))
+            if ref is not None and (found := ref()) is not None:
+                return found
             return UOp(Ops.CONST, dtype, (), value)
         if type(value) is bool and dtype is dtypes.bool:
             return UOp(Ops.CONST, dtype, (), value)
