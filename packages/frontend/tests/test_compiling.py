@@ -9,11 +9,13 @@ import itertools
 import json
 import os
 import pickle
+import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +202,26 @@ def test_program_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> Non
         comp.compile_kernels(jobs)
         comp.compile_kernels(jobs)
     assert len(seen) == 2 * len(jobs)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_compiles_on_its_own_worker() -> None:
+    comp.compile_kernels(cpu_jobs())  # the parent's worker thread exists now
+    jobs = cpu_jobs()
+    pid = os.fork()
+    if pid == 0:  # the child: compile new kernels, exit 0 only when they are right
+        code = 1
+        try:
+            with Context(PROGRESS=0):
+                out, want = fresh_graph()
+                code = 0 if np.allclose(out.numpy(), want, rtol=1e-4, atol=1e-3) and comp.compile_kernels(jobs) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120  # a child waiting on the parent's (absent) worker would hang: fail instead
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child never finished compiling")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

@@ -9,6 +9,7 @@ compile is done.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -75,18 +76,19 @@ def progress_for(total: int, stream: TextIO | None = None) -> ProgressLine | Non
     return ProgressLine(total, stream)
 
 
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
 
 def _compile_pool() -> ThreadPoolExecutor:
     # one worker: the compilers that allow threads (LLVM through llvmlite) serialise their own calls, so a second
-    # worker would only wait; the gain is compiling while this thread generates the next kernel's code
+    # worker would only wait; the gain is compiling while this thread generates the next kernel's code. A forked
+    # child inherits the pool but not its thread, so it makes its own.
     global _pool
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazygrad-compile")
-        return _pool
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="lazygrad-compile"))
+        return _pool[1]
 
 
 def compile_kernels(jobs: Sequence[tuple[str, UOp]], parallel: bool = True) -> list[tuple[ProgramSpec, bytes]]:
