@@ -3,6 +3,7 @@ features, and emit an object file, whose bytes are the cacheable binary."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 
@@ -24,14 +25,18 @@ def _init_llvm() -> None:
             _initialized = True
 
 
-def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
-    """A target machine for this CPU, with every feature it has (AVX, AVX-512, NEON ...), for position
-    independent code."""
+@functools.cache
+def _host() -> tuple[str, str, str]:
+    # the process triple, CPU name and feature string: asking LLVM for them took ~5 ms per loaded kernel
     _init_llvm()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=opt, reloc="pic"
-    )
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
+    """A new target machine for this CPU, with every feature it has (AVX, AVX-512, NEON ...), for position
+    independent code (new each call: an execution engine takes ownership of the one it is given)."""
+    triple, cpu, features = _host()
+    return llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic")
 
 
 def host_vector_bits() -> int:
