@@ -19,15 +19,17 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from lazygrad_scheduler.buffers import new_buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
-from lazygrad_uop.uop import UOp, sint
+from lazygrad_uop.uop import UOp, _arg_key, sint
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -91,23 +93,31 @@ def _movement_chain(u: UOp) -> list[UOp]:
 
 def apply_movement(st: ShapeTracker, ops: list[UOp]) -> ShapeTracker:
     """`st` with movement nodes `ops` applied in order (leaf first)."""
-    for m in ops:
-        if m.op is Ops.VIEW:
-            st = st + m.arg
-        elif m.op is Ops.RESHAPE:
-            st = st.reshape(m.arg)
-        elif m.op is Ops.EXPAND:
-            st = st.expand(m.arg)
-        elif m.op is Ops.PERMUTE:
-            st = st.permute(m.arg)
-        elif m.op is Ops.PAD:
-            st = st.pad(m.arg)
-        elif m.op is Ops.SHRINK:
-            st = st.shrink(m.arg)
-        elif m.op is Ops.FLIP:
-            st = st.flip(m.arg)
+    return _moved(st, tuple((m.op, _arg_key(m.arg), m.arg) for m in ops))
+
+
+# The same views through the same movements recur in every kernel that reads a tensor (forward, backward, update)
+# and in every realize of a model. Keyed by the ops' (op, arg), not the nodes, which would keep their graphs (and
+# buffers) alive; with the arg's interning key, which tells True from 1 where the arg alone would not.
+@functools.lru_cache(maxsize=1 << 15)
+def _moved(st: ShapeTracker, ops: tuple[tuple[Ops, Any, Any], ...]) -> ShapeTracker:
+    for op, _, arg in ops:
+        if op is Ops.VIEW:
+            st = st + arg
+        elif op is Ops.RESHAPE:
+            st = st.reshape(arg)
+        elif op is Ops.EXPAND:
+            st = st.expand(arg)
+        elif op is Ops.PERMUTE:
+            st = st.permute(arg)
+        elif op is Ops.PAD:
+            st = st.pad(arg)
+        elif op is Ops.SHRINK:
+            st = st.shrink(arg)
+        elif op is Ops.FLIP:
+            st = st.flip(arg)
         else:
-            raise AssertionError(f"{m.op} is not a movement op")
+            raise AssertionError(f"{op} is not a movement op")
     return st
 
 
