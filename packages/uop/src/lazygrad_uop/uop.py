@@ -75,6 +75,7 @@ def _check_fields(op: Any, src: Any) -> None:
 
 
 _CONST_VALUE = Ops.CONST._value_
+_NONE_TYPE = type(None)
 
 # arg types whose equality already tells apart what interning must: with the arg's type in the key, 1 and True stay
 # apart; floats (0.0 == -0.0, nan != nan) and containers need `_arg_key`
@@ -313,6 +314,13 @@ class UOp(metaclass=_UOpInterner):
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
         out = dtypes.bool.vec(self.dtype.count) if op in _COMPARISONS else operands[-1 if op is Ops.WHERE else 0].dtype
+        # a live node straight from the intern table (as in `const`); anything odd goes the long way, which checks
+        try:
+            ref = _INTERNED.get((op._value_, out, operands, None, _NONE_TYPE)) if type(op) is Ops else None
+        except TypeError:  # an unhashable operand: UOp() says what is wrong
+            ref = None
+        if ref is not None and (found := ref()) is not None:
+            return found
         return UOp(op, out, operands)
 
     def ufix(self, x: Any) -> UOp:
