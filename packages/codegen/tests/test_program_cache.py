@@ -131,3 +131,12 @@ def test_package_sources_are_part_of_the_key() -> None:
     fp = pc.package_fingerprint("lazygrad_codegen")
     assert fp.startswith("lazygrad_codegen:") and len(fp.rsplit(":", 1)[1]) == 16
     assert pc.package_fingerprint("lazygrad_codegen.program") == fp  # one per top-level package
+
+
+def test_debug_output_is_printed_on_a_warm_cache(cachedir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ast = kernel_ast.row_reduce("sum", dtypes.float32, 5, 3)
+    spec = pc.cached_program(ast, CRenderer())
+    capsys.readouterr()
+    with Context(DEBUG=4):
+        assert same_program(pc.cached_program(ast, CRenderer()), spec)
+    assert spec.src in capsys.readouterr().out

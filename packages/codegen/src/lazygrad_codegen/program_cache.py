@@ -9,7 +9,7 @@ one, skip straight to the compiler (whose binaries are cached by source, see `la
 that can't be built (an arg of a type this module does not know) means the kernel is simply not cached.
 
 The layer sits around `get_program`, not inside it: codegen itself is unchanged, and `PROGRAM_CACHE=0` turns this
-layer off.
+layer off (as `DEBUG>=3` does, so that what code generation prints is printed).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 from lazygrad_codegen.kernel import Opt
 from lazygrad_codegen.program import ProgramSpec, get_program
-from lazygrad_uop.config import BEAM, NOOPT, ContextVar
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT, ContextVar
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.diskcache import diskcache_get, diskcache_put
 from lazygrad_uop.dtype import DType, PtrDType
@@ -205,7 +205,8 @@ _memory_lock = threading.Lock()
 def cached_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None) -> ProgramSpec:
     """`get_program(ast, renderer, opts)`, from memory or the disk cache when this kernel was generated before under
     the same key (see the module docstring)."""
-    if not PROGRAM_CACHE:
+    if not PROGRAM_CACHE or DEBUG >= 3:
+        # DEBUG 3 and up print what code generation does (opts, source, uops): generate, so that it is printed
         return get_program(ast, renderer, opts)
     # in memory by the AST node itself (UOps are interned): a repeated kernel costs one dict lookup
     memo = (ast, renderer, BEAM.value, NOOPT.value, None if opts is None else tuple(opts))
