@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 from hypothesis import settings
 
-import lazygrad.engine
+import lazygrad.compiling
 from lazygrad_uop.registry import Device
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -34,15 +34,15 @@ def device(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
-    """Every kernel AST compiled while the test runs."""
+    """Every kernel AST compiled while the test runs (generated, or read back from the program cache)."""
     seen: list[object] = []
-    real = lazygrad.engine.get_program
+    real = lazygrad.compiling.cached_program
 
     def counting(ast, renderer, *args, **kwargs):
         seen.append(ast)
         return real(ast, renderer, *args, **kwargs)
 
-    monkeypatch.setattr(lazygrad.engine, "get_program", counting)
+    monkeypatch.setattr(lazygrad.compiling, "cached_program", counting)
     yield seen
 
 

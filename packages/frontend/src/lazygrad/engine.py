@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lazygrad.compiling import compile_kernels
 from lazygrad.counters import GlobalCounters
-from lazygrad_codegen import ProgramSpec, get_program
+from lazygrad_codegen import ProgramSpec
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_scheduler.memory import plan_memory
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
@@ -176,17 +177,18 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled program for kernel `ast` on `device`, built on first use."""
     key = (device, ast, BEAM.value, NOOPT.value)  # a program found under other opt settings is another program
     if (runner := _runners.get(key)) is None:
-        dev: CompiledDevice = Device[device]
-        # devices that share a renderer (CPU:0..N) share the code generation of a kernel; each loads its own program
-        program_key = (dev.renderer, ast, BEAM.value, NOOPT.value)
-        if (spec := _programs.get(program_key)) is None:
-            spec = _programs[program_key] = get_program(ast, dev.renderer)
-        lib = dev.compiler.compile_cached(spec.src)
-        runner = _runners[key] = CompiledRunner(spec, dev.runtime(spec.name, lib), device)
+        compile_runners([(device, ast)])
+        runner = _runners[key]
     return runner
 
 
-_programs: dict[tuple[object, UOp, int, int], ProgramSpec] = {}
+def compile_runners(jobs: Sequence[tuple[str, UOp]]) -> None:
+    """Compile the (device, kernel AST) pairs of `jobs` that have no runner yet, all together (see
+    `lazygrad.compiling`: code generation overlapped with compiling, one progress line)."""
+    todo = list(dict.fromkeys(job for job in jobs if (*job, BEAM.value, NOOPT.value) not in _runners))
+    for (device, ast), (spec, lib) in zip(todo, compile_kernels(todo)):
+        dev: CompiledDevice = Device[device]
+        _runners[device, ast, BEAM.value, NOOPT.value] = CompiledRunner(spec, dev.runtime(spec.name, lib), device)
 
 
 @dataclass
@@ -235,6 +237,7 @@ def run_schedule(items: list[ScheduleItem], intermediates: Collection[Buffer] = 
     reads after the schedule, see `lazygrad_scheduler.memory`) share memory where their lifetimes don't overlap;
     not while a JIT captures, which plans the memory of the whole captured function itself."""
     plan = plan_memory([si.bufs for si in items], intermediates) if intermediates and _captured is None else None
+    compile_runners([(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY])
     for si in items:
         ei = lower_schedule_item(si, plan)
         if _captured is not None:

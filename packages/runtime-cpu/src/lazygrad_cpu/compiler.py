@@ -3,6 +3,7 @@ features, and emit an object file, whose bytes are the cacheable binary."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 
@@ -24,14 +25,18 @@ def _init_llvm() -> None:
             _initialized = True
 
 
-def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
-    """A target machine for this CPU, with every feature it has (AVX, AVX-512, NEON ...), for position
-    independent code."""
+@functools.cache
+def _host() -> tuple[str, str, str]:
+    # the process triple, CPU name and feature string: asking LLVM for them took ~5 ms per loaded kernel
     _init_llvm()
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=opt, reloc="pic"
-    )
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def host_target_machine(opt: int = 3) -> llvm.TargetMachine:
+    """A new target machine for this CPU, with every feature it has (AVX, AVX-512, NEON ...), for position
+    independent code (new each call: an execution engine takes ownership of the one it is given)."""
+    triple, cpu, features = _host()
+    return llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic")
 
 
 def host_vector_bits() -> int:
@@ -45,9 +50,24 @@ def host_vector_bits() -> int:
     return 128
 
 
+_local = threading.local()
+
+
+def _thread_context() -> llvm.ContextRef:
+    # an LLVM context must not be shared by threads; this thread's lives as long as the thread
+    if (ctx := getattr(_local, "context", None)) is None:
+        ctx = _local.context = llvm.create_context()
+    return ctx
+
+
 class LLVMCompiler(Compiler):
     """LLVM IR text to an object file for the host CPU. Binaries are cached per CPU and feature set, since code
-    using AVX-512 must not be loaded on a machine without it."""
+    using AVX-512 must not be loaded on a machine without it.
+
+    Thread-safe: each thread parses into its own LLVM context (llvmlite serialises the calls into LLVM, and releases
+    the GIL during them), so kernels compile on a worker thread while Python generates the next ones."""
+
+    threadsafe = True
 
     def __init__(self, opt: int = 3) -> None:
         self.opt = opt
@@ -60,7 +80,7 @@ class LLVMCompiler(Compiler):
         """`src` parsed, verified and optimised for the host; raises CompileError with LLVM's message when the IR is
         invalid."""
         try:
-            mod = llvm.parse_assembly(src)
+            mod = llvm.parse_assembly(src, context=_thread_context())
             mod.verify()
         except RuntimeError as exc:
             raise CompileError(f"LLVM rejected the IR: {exc}\n{src}") from exc

@@ -19,15 +19,17 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from lazygrad_scheduler.buffers import new_buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
-from lazygrad_uop.uop import UOp, sint
+from lazygrad_uop.uop import UOp, _arg_key, sint
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -91,23 +93,31 @@ def _movement_chain(u: UOp) -> list[UOp]:
 
 def apply_movement(st: ShapeTracker, ops: list[UOp]) -> ShapeTracker:
     """`st` with movement nodes `ops` applied in order (leaf first)."""
-    for m in ops:
-        if m.op is Ops.VIEW:
-            st = st + m.arg
-        elif m.op is Ops.RESHAPE:
-            st = st.reshape(m.arg)
-        elif m.op is Ops.EXPAND:
-            st = st.expand(m.arg)
-        elif m.op is Ops.PERMUTE:
-            st = st.permute(m.arg)
-        elif m.op is Ops.PAD:
-            st = st.pad(m.arg)
-        elif m.op is Ops.SHRINK:
-            st = st.shrink(m.arg)
-        elif m.op is Ops.FLIP:
-            st = st.flip(m.arg)
+    return _moved(st, tuple((m.op, _arg_key(m.arg), m.arg) for m in ops))
+
+
+# The same views through the same movements recur in every kernel that reads a tensor (forward, backward, update)
+# and in every realize of a model. Keyed by the ops' (op, arg), not the nodes, which would keep their graphs (and
+# buffers) alive; with the arg's interning key, which tells True from 1 where the arg alone would not.
+@functools.lru_cache(maxsize=1 << 15)
+def _moved(st: ShapeTracker, ops: tuple[tuple[Ops, Any, Any], ...]) -> ShapeTracker:
+    for op, _, arg in ops:
+        if op is Ops.VIEW:
+            st = st + arg
+        elif op is Ops.RESHAPE:
+            st = st.reshape(arg)
+        elif op is Ops.EXPAND:
+            st = st.expand(arg)
+        elif op is Ops.PERMUTE:
+            st = st.permute(arg)
+        elif op is Ops.PAD:
+            st = st.pad(arg)
+        elif op is Ops.SHRINK:
+            st = st.shrink(arg)
+        elif op is Ops.FLIP:
+            st = st.flip(arg)
         else:
-            raise AssertionError(f"{m.op} is not a movement op")
+            raise AssertionError(f"{op} is not a movement op")
     return st
 
 
@@ -138,10 +148,16 @@ def _root_value(root: UOp) -> UOp:
     return root
 
 
-def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp], constant: set[UOp]) -> _Group:
+def _collect(
+    root: UOp, realized: set[UOp], must_realize: set[UOp], constant: set[UOp], consulted: set[UOp] | None = None
+) -> _Group:
     """The nodes that fuse into `root`'s kernel; reductions that can't fuse, and producers too costly to recompute
-    inside its reduction, go into `must_realize`. `constant`: the nodes computed from constants alone."""
+    inside its reduction, go into `must_realize`. `constant`: the nodes computed from constants alone. `consulted`
+    gets every node whose being realized or not the result depends on: while none of them changes, neither does the
+    group."""
     g = _Group(root)
+    if consulted is None:
+        consulted = set()
     # (node, only elementwise/reshape ops between it and the root, below a reduction)
     stack: list[tuple[UOp, bool, bool]] = [(_root_value(root), True, False)]
     seen: set[tuple[UOp, bool, bool]] = set()
@@ -151,6 +167,7 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp], constant: se
             continue
         seen.add(item)
         u, path_ok, in_reduce = item
+        consulted.add(u)
         if is_leaf(u) or (u in realized and u is not root):
             g.leaves.add(u)
             continue
@@ -158,7 +175,11 @@ def _collect(root: UOp, realized: set[UOp], must_realize: set[UOp], constant: se
             continue
         # decided from the top down, so the largest such producer is stored, before the reductions under it are
         # found: stored on its own, it takes them as its epilogue instead of reading them back
-        if in_reduce and g.reduce_sig is not None and _recompute_costs_more(u, g.reduce_sig[0], realized, constant):
+        if (
+            in_reduce
+            and g.reduce_sig is not None
+            and _recompute_costs_more(u, g.reduce_sig[0], realized, constant, consulted)
+        ):
             must_realize.add(u)
             g.leaves.add(u)
             continue
@@ -196,13 +217,14 @@ OPS_PER_BYTE = 4
 LAUNCH_OPS = 2**14
 
 
-def _alu_cost(u: UOp, realized: set[UOp], constant: set[UOp], limit: float) -> float:
+def _alu_cost(u: UOp, realized: set[UOp], constant: set[UOp], limit: float, consulted: set[UOp]) -> float:
     """ALU ops (in ALU_COST units) to compute one element of `u` in a kernel that loads its leaves, realized nodes and
     reductions (which a reading reduction stores anyway); the count stops once it exceeds `limit`. Ops on constants
-    alone cost nothing: codegen folds them."""
+    alone cost nothing: codegen folds them. The nodes looked at go into `consulted`."""
     total, stack, seen = 0, [u], set()
     while stack and total <= limit:
         n = stack.pop()
+        consulted.add(n)
         if n in seen or n in constant or is_leaf(n) or (n in realized and n is not u) or n.op is Ops.REDUCE_AXIS:
             continue
         seen.add(n)
@@ -212,7 +234,9 @@ def _alu_cost(u: UOp, realized: set[UOp], constant: set[UOp], limit: float) -> f
     return total
 
 
-def _recompute_costs_more(u: UOp, loop_shape: tuple[sint, ...], realized: set[UOp], constant: set[UOp]) -> bool:
+def _recompute_costs_more(
+    u: UOp, loop_shape: tuple[sint, ...], realized: set[UOp], constant: set[UOp], consulted: set[UOp]
+) -> bool:
     """True when `u`, fused into a reduction that loops over `loop_shape`, costs more to recompute than to store.
 
     The loop computes `u` once per iteration, so a `u` with fewer elements than the loop (read through a broadcast: a
@@ -227,7 +251,7 @@ def _recompute_costs_more(u: UOp, loop_shape: tuple[sint, ...], realized: set[UO
         return False
     store = numel * 2 * u.dtype.itemsize * OPS_PER_BYTE + LAUNCH_OPS
     needed = FREE_OPS + store / ((repeats - 1) * numel)  # ALU ops per element that make recomputing cost more
-    return _alu_cost(u, realized, constant, needed) > needed
+    return _alu_cost(u, realized, constant, needed, consulted) > needed
 
 
 # ops whose result on all-zero inputs is not zero (or is undefined, like 0 // 0)
@@ -246,10 +270,15 @@ def _fused_nodes(u: UOp, stop: set[UOp] | frozenset[UOp] = frozenset()) -> Itera
         stack.extend(n.src)
 
 
-def _changes_zero(u: UOp) -> bool:
-    """True when `u`, computed from inputs that read 0, may not be 0: a PAD over it can't be pushed to its loads."""
+def _zero_changing(order: list[UOp]) -> set[UOp]:
+    """The nodes of `order` (sources first) that, computed from inputs that read 0, may not be 0: a PAD over one
+    can't be pushed to its loads. One pass: a node changes zero when it, or a node fused under it, is such an op."""
     # constants are padded like loads (masked to 0), so where/compare/... of zeros stay 0; these don't
-    return any(n.op in NOT_ZERO_AT_ZERO for n in _fused_nodes(u))
+    out: set[UOp] = set()
+    for u in order:
+        if not is_leaf(u) and (u.op in NOT_ZERO_AT_ZERO or not out.isdisjoint(u.src)):
+            out.add(u)
+    return out
 
 
 def _reads_target_elsewhere(assign: UOp) -> bool:
@@ -275,6 +304,50 @@ def _reads_target_elsewhere(assign: UOp) -> bool:
     return False
 
 
+def _assigns_reading_target_elsewhere(assigns: list[UOp], order: list[UOp]) -> set[UOp]:
+    """The ASSIGNs of `assigns` for which `_reads_target_elsewhere` holds, found in one pass over `order` (the graph,
+    sources first) for all of them rather than a walk of the whole graph under each update.
+
+    A bit per target buffer: `moved[u]` has the bits of the buffers `u` reads (through its leaves' views, down to
+    leaves) and `plain[u]` the same along paths without a movement op or reduction, where the target view itself is
+    what an update may read. A buffer written by assigns to several different views keeps the per-assign walk."""
+    targets: dict[UOp, set[UOp]] = {}  # buffer -> target views assigned
+    buf_of_assign: dict[UOp, UOp] = {}
+    for a in assigns:
+        if is_leaf(view_base(a.src[0])):
+            buf_of_assign[a] = buf = base_buffer(view_base(a.src[0]))
+            targets.setdefault(buf, set()).add(a.src[0])
+    bit = {buf: 1 << i for i, buf in enumerate(b for b, ts in targets.items() if len(ts) == 1)}
+    skip = {next(iter(targets[buf])): b for buf, b in bit.items()}  # the target view: not a read of its buffer
+    moved: dict[UOp, int] = {}
+    plain: dict[UOp, int] = {}
+    for u in order:
+        base = view_base(u)
+        own = bit.get(base_buffer(base), 0) if is_leaf(base) else 0
+        m, p = own, own
+        if not is_leaf(u):
+            if u.op in MOVEMENT or u.op is Ops.REDUCE_AXIS:
+                for x in u.src:
+                    m |= moved[x]
+                p = m
+            else:
+                for x in u.src:
+                    m |= moved[x]
+                    p |= plain[x]
+        moved[u], plain[u] = m, p & ~skip.get(u, 0)
+    out = set()
+    for a in assigns:
+        buf = buf_of_assign.get(a)
+        if buf is None:
+            continue  # a target that is no buffer's view: no read of it can match
+        if buf in bit:
+            if plain[a.src[1]] & bit[buf]:
+                out.add(a)
+        elif _reads_target_elsewhere(a):
+            out.add(a)
+    return out
+
+
 def _bytes_read(node: UOp, group: _Group) -> int:
     """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count."""
     numel = max_numel(shape_of(node))
@@ -291,11 +364,6 @@ def _bytes_read(node: UOp, group: _Group) -> int:
     return total
 
 
-def _has_reduce(u: UOp, realized: set[UOp]) -> bool:
-    """True when computing `u` in a kernel would include a reduction."""
-    return any(n.op is Ops.REDUCE_AXIS for n in _fused_nodes(u, realized))
-
-
 def output_root(o: UOp) -> UOp:
     """The node to store for output `o`. A permuted, padded, ... view of a node that is stored anyway (or that would
     need its own kernel behind the view) is stored as that node and read through the view, without a copy."""
@@ -310,58 +378,149 @@ def output_root(o: UOp) -> UOp:
 def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
     """The nodes to store, and what each one's kernel contains."""
     sink = UOp(Ops.SINK, src=tuple(outputs))
+    order = list(sink.toposort)
     realized: set[UOp] = {output_root(o) for o in outputs if not is_view_of_leaf(o)}
-    for u in sink.toposort:
+    for u in order:
         if u.op in (Ops.CONTIGUOUS, Ops.COPY) or (u.op is Ops.ASSIGN and not is_kernelized(u)):
             realized.add(u)
         # a copy moves whole buffers: its source must be stored, contiguous and complete
         if u.op is Ops.COPY and not _is_whole_leaf(u.src[1]):
             realized.add(u.src[1])
     # padding is pushed down to the loads, which read 0 outside: fine through ops that keep 0 at 0, but exp(0) is 1
-    realized |= {u.src[0] for u in sink.toposort if u.op is Ops.PAD and _changes_zero(u.src[0])}
+    zero_changing = _zero_changing(order)
+    realized |= {u.src[0] for u in order if u.op is Ops.PAD and u.src[0] in zero_changing}
     # an in-place update may only read its target at the element it writes; otherwise compute the value first
-    realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and _reads_target_elsewhere(u)}
+    assigns = [u for u in realized if u.op is Ops.ASSIGN]
+    realized |= {a.src[1] for a in _assigns_reading_target_elsewhere(assigns, order)}
     constant: set[UOp] = set()
-    for u in sink.toposort:  # sources first
+    for u in order:  # sources first
         if u.op is Ops.CONST or (
             u.op in GroupOp.Elementwise | MOVEMENT | PASSTHROUGH and all(s in constant for s in u.src)
         ):
             constant.add(u)
-    while True:
-        must: set[UOp] = set()
-        groups = {r: _collect(r, realized, must, constant) for r in realized if r.op is not Ops.COPY}
-        if must - realized:
-            realized |= must
-            continue
-        owners: dict[UOp, list[_Group]] = {}
-        for g in groups.values():
+    return _Fusion(realized, constant, order).run()
+
+
+class _Fusion:
+    """The rounds of `choose_realized`, each adding nodes to store until no group wants more, done incrementally.
+
+    A group depends only on whether the nodes its walk looked at (`consulted`) are stored, so a round recollects just
+    the groups that looked at a newly stored node; the groups sharing each node (`owners`) are kept up to date as
+    groups change, and a round looks only at the nodes shared by several groups. The outcome is the one of
+    recollecting every group every round."""
+
+    def __init__(self, realized: set[UOp], constant: set[UOp], order: list[UOp]) -> None:
+        self.realized, self.constant, self.order = realized, constant, order
+        self.pos = {u: i for i, u in enumerate(order)}
+        self.groups: dict[UOp, _Group] = {}
+        self.must: dict[UOp, set[UOp]] = {}  # root -> what its group wants stored
+        self.watchers: dict[UOp, set[UOp]] = {}  # node -> roots whose group consulted it
+        self.consulted: dict[UOp, set[UOp]] = {}
+        self.owners: dict[UOp, set[UOp]] = {}  # node -> roots whose group has it as a member
+        self.shared: set[UOp] = set()  # nodes with two or more owners
+        self.bytes_read: dict[UOp, dict[UOp, int]] = {}  # root -> {node: _bytes_read(node, its group)}
+
+    def run(self) -> tuple[set[UOp], dict[UOp, _Group]]:
+        stale = set(self.realized)
+        while True:
+            self._recollect(stale)
+            wanted = set().union(*self.must.values()) - self.realized
+            if not wanted:
+                wanted = self._shared_to_store()
+                if not wanted:
+                    return self.realized, self.groups
+            self.realized |= wanted
+            stale = set(wanted).union(*(self.watchers.get(u, ()) for u in wanted))
+
+    def _recollect(self, roots: set[UOp]) -> None:
+        for r in roots:
+            if r.op is Ops.COPY or r not in self.realized:
+                continue
+            if (old := self.groups.get(r)) is not None:
+                for m in old.members:
+                    self.owners[m].discard(r)
+                    if len(self.owners[m]) < 2:
+                        self.shared.discard(m)
+                for c in self.consulted[r]:
+                    self.watchers[c].discard(r)
+            must: set[UOp] = set()
+            consulted: set[UOp] = set()
+            g = self.groups[r] = _collect(r, self.realized, must, self.constant, consulted)
+            self.must[r], self.consulted[r] = must, consulted
+            self.bytes_read.pop(r, None)
+            for c in consulted:
+                self.watchers.setdefault(c, set()).add(r)
             for m in g.members:
-                owners.setdefault(m, []).append(g)
-        added = _shared_to_store(owners, realized, sink)
-        if not added:
-            return realized, groups
-        realized |= added
+                owners = self.owners.setdefault(m, set())
+                owners.add(r)
+                if len(owners) >= 2:
+                    self.shared.add(m)
+
+    def _shared_to_store(self) -> set[UOp]:
+        """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper."""
+        realized, has_reduce = self.realized, _ReductionsBelow(self.realized)
+        # from the outputs down: store the largest shared subgraph first
+        for u in sorted(self.shared, key=self.pos.__getitem__, reverse=True):
+            if u in realized or u.op in MOVEMENT:
+                continue
+            gs = [self.groups[r] for r in self.owners[u]]
+            if has_reduce(u):
+                return {_shared_reduction_root(u, gs, self.owners, realized, self.pos)}
+            k = len(gs)
+            stored = max_numel(shape_of(u)) * u.dtype.itemsize
+            recompute = 0
+            for g in gs:
+                memo = self.bytes_read.setdefault(g.root, {})
+                if (n := memo.get(u)) is None:
+                    n = memo[u] = _bytes_read(u, g)
+                recompute += n
+            if stored * (k + 1) + recompute // k < recompute:
+                return {u}
+        return set()
 
 
-def _shared_to_store(owners: dict[UOp, list[_Group]], realized: set[UOp], sink: UOp) -> set[UOp]:
-    """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper."""
-    order = list(sink.toposort)
-    for u in reversed(order):  # from the outputs down: store the largest shared subgraph first
-        gs = owners.get(u, [])
-        if len(gs) < 2 or u in realized or u.op in MOVEMENT:
-            continue
-        if _has_reduce(u, realized):
-            return {_shared_reduction_root(u, gs, owners, realized, order)}
-        k = len(gs)
-        stored = max_numel(shape_of(u)) * u.dtype.itemsize
-        recompute = sum(_bytes_read(u, g) for g in gs)
-        if stored * (k + 1) + recompute // k < recompute:
-            return {u}
-    return set()
+class _ReductionsBelow:
+    """`_has_reduce(u, realized)` for many nodes under one `realized`, each node's answer computed once."""
+
+    def __init__(self, realized: set[UOp]) -> None:
+        self.realized = realized
+        self.memo: dict[UOp, bool] = {}
+
+    def __call__(self, u: UOp) -> bool:
+        if is_leaf(u):
+            return False
+        if u.op is Ops.REDUCE_AXIS:
+            return True
+        return any(self._below(s) for s in u.src)
+
+    def _below(self, root: UOp) -> bool:
+        # a node fused under the one asked about: stored ones and leaves stop the walk
+        memo, realized = self.memo, self.realized
+        stack = [root]
+        while stack:
+            n = stack[-1]
+            if n in memo:
+                stack.pop()
+                continue
+            if is_leaf(n) or n in realized:
+                memo[n] = False
+                stack.pop()
+                continue
+            if n.op is Ops.REDUCE_AXIS:
+                memo[n] = True
+                stack.pop()
+                continue
+            todo = [s for s in n.src if s not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            memo[n] = any(memo[s] for s in n.src)
+            stack.pop()
+        return memo[root]
 
 
 def _shared_reduction_root(
-    u: UOp, gs: list[_Group], owners: dict[UOp, list[_Group]], realized: set[UOp], order: list[UOp]
+    u: UOp, gs: list[_Group], owners: Mapping[UOp, Collection[UOp]], realized: set[UOp], pos: Mapping[UOp, int]
 ) -> UOp:
     """What to store for `u`, a shared node that holds a reduction: `u` (its kernel finishes the reduction with u's ops
     as epilogue), unless the kernels sharing it share other values over the same reduction too (a sigmoid's pieces,
@@ -370,7 +529,6 @@ def _shared_reduction_root(
     below = set(_fused_nodes(u, realized))
     reductions = {n for n in below if n.op is Ops.REDUCE_AXIS}
     others = {v for g in gs for v in g.members if v not in below and v not in realized and v.op not in MOVEMENT}
-    pos = {n: i for i, n in enumerate(order)}
     for v in sorted(others, key=pos.__getitem__, reverse=True):
         if len(owners.get(v, ())) >= 2 and (common := reductions.intersection(_fused_nodes(v, realized))):
             return max(common, key=pos.__getitem__)  # the outermost: the others are stored by later rounds if need be

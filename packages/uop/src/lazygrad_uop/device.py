@@ -279,7 +279,13 @@ class Compiler(abc.ABC):
 
     `cachekey` names the compiler and target (e.g. "compile_cuda_sm_80"); binaries are cached on disk under it.
     None disables caching, for compilers whose output depends on more than the source.
+
+    `threadsafe`: `compile` may run on a worker thread while the caller's thread goes on (it releases the GIL while
+    it works, and its output depends only on the source), so the kernels of a schedule compile while the next ones
+    are generated. False keeps compiling on the caller's thread.
     """
+
+    threadsafe: ClassVar[bool] = False
 
     def __init__(self, cachekey: str | None = None) -> None:
         self.cachekey = cachekey

@@ -74,6 +74,9 @@ def _check_fields(op: Any, src: Any) -> None:
             raise TypeError(f"UOp src must be a tuple of UOps, got {src!r}")
 
 
+_CONST_VALUE = Ops.CONST._value_
+_NONE_TYPE = type(None)
+
 # arg types whose equality already tells apart what interning must: with the arg's type in the key, 1 and True stay
 # apart; floats (0.0 == -0.0, nan != nan) and containers need `_arg_key`
 _PLAIN_ARGS = frozenset({int, bool, str, type(None)})
@@ -248,6 +251,11 @@ class UOp(metaclass=_UOpInterner):
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
         # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
         if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
+            # a live constant straight from the intern table, by the key the interner files it under: skips the
+            # metaclass call, and codegen builds about a million of these for a ResNet's first step
+            ref = _INTERNED.get((_CONST_VALUE, dtype, (), value, int))
+            if ref is not None and (found := ref()) is not None:
+                return found
             return UOp(Ops.CONST, dtype, (), value)
         if type(value) is bool and dtype is dtypes.bool:
             return UOp(Ops.CONST, dtype, (), value)
@@ -306,6 +314,13 @@ class UOp(metaclass=_UOpInterner):
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
         out = dtypes.bool.vec(self.dtype.count) if op in _COMPARISONS else operands[-1 if op is Ops.WHERE else 0].dtype
+        # a live node straight from the intern table (as in `const`); anything odd goes the long way, which checks
+        try:
+            ref = _INTERNED.get((op._value_, out, operands, None, _NONE_TYPE)) if type(op) is Ops else None
+        except TypeError:  # an unhashable operand: UOp() says what is wrong
+            ref = None
+        if ref is not None and (found := ref()) is not None:
+            return found
         return UOp(op, out, operands)
 
     def ufix(self, x: Any) -> UOp:

@@ -1,0 +1,142 @@
+"""The program cache: a cached program is the one `get_program` generates for that very kernel and renderer, from
+memory or from disk, never another kernel's or another renderer's; a damaged entry is regenerated."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lazygrad_codegen import CRenderer, LLVMRenderer, ProgramSpec, get_program, kernel_ast
+from lazygrad_codegen import program_cache as pc
+from lazygrad_uop.config import Context
+from lazygrad_uop.diskcache import CACHE_VERSION, CacheWarning
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import UOp
+
+
+class WideCRenderer(CRenderer):
+    """The C renderer with another device name and vector width: a different renderer for the same kernels."""
+
+    device = "WIDE"
+    vector_width = 4
+
+
+RENDERERS = [CRenderer(), WideCRenderer(), LLVMRenderer()]
+
+UNARY = [lambda x: x * 2.0, lambda x: x + 1.5, lambda x: x.maximum(0.25), lambda x: -x]
+
+
+@st.composite
+def kernels(draw: st.DrawFn) -> UOp:
+    """A random elementwise or reducing kernel over one or two float32 inputs."""
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+    x = kernel_ast.load(1, dtypes.float32, kernel_ast.st(*shape))
+    if draw(st.booleans()):
+        x = x + kernel_ast.load(2, dtypes.float32, kernel_ast.st(*shape))
+    for f in draw(st.lists(st.sampled_from(UNARY), max_size=3)):
+        x = f(x)
+    out_shape = shape
+    if draw(st.booleans()):
+        axis = draw(st.integers(0, len(shape) - 1))
+        x = kernel_ast.reduce(x, draw(st.sampled_from([Ops.ADD, Ops.MAX])), (axis,))
+        out_shape = tuple(1 if i == axis else d for i, d in enumerate(shape))
+    return kernel_ast.sink(kernel_ast.store(0, x, kernel_ast.st(*out_shape)))
+
+
+def same_program(a: ProgramSpec, b: ProgramSpec) -> bool:
+    return (a.name, a.src, a.device, a.global_size, a.local_size, a.vars, a.globals, a.outs, a.ins, a.opts) == (
+        b.name,
+        b.src,
+        b.device,
+        b.global_size,
+        b.local_size,
+        b.vars,
+        b.globals,
+        b.outs,
+        b.ins,
+        b.opts,
+    ) and list(a.uops) == list(b.uops)
+
+
+@pytest.fixture
+def cachedir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CACHEDIR", str(tmp_path))
+    pc._memory.clear()
+    return tmp_path
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(asts=st.lists(kernels(), min_size=2, max_size=3), r=st.sampled_from(RENDERERS))
+def test_cache_returns_the_program_of_that_kernel_and_renderer(cachedir: Path, asts: list[UOp], r: CRenderer) -> None:
+    with Context(PROGRAM_CACHE=0):
+        fresh = [get_program(a, r) for a in asts]
+    # first through the cache (generating and storing), then from disk alone, as a new process would
+    first = [pc.cached_program(a, r) for a in asts]
+    pc._memory.clear()
+    generated: list[UOp] = []
+    real = pc.get_program
+    pc.get_program = lambda ast, *args: generated.append(ast) or real(ast, *args)  # type: ignore[assignment]
+    try:
+        second = [pc.cached_program(a, r) for a in asts]
+    finally:
+        pc.get_program = real
+    assert not generated, "a kernel stored on disk was generated again"
+    for a, want, got1, got2 in zip(asts, fresh, first, second):
+        assert same_program(got1, want) and same_program(got2, want), f"wrong program for {a}"
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=kernels(), b=kernels(), r1=st.sampled_from(RENDERERS), r2=st.sampled_from(RENDERERS))
+def test_keys_tell_kernels_and_renderers_apart(a: UOp, b: UOp, r1: CRenderer, r2: CRenderer) -> None:
+    same = a is b and r1 is r2
+    assert (pc.program_key(a, r1) == pc.program_key(b, r2)) == same
+    # the key is structural: equal text for the same graph, so it matches across processes
+    assert (pc.structural_hash(a) == pc.structural_hash(b)) == (a is b)
+
+
+def test_settings_are_part_of_the_key() -> None:
+    ast = kernel_ast.row_reduce("sum", dtypes.float32, 4, 8)
+    r = CRenderer()
+    keys = set()
+    for noopt in (0, 1):
+        with Context(NOOPT=noopt):
+            keys.add(pc.program_key(ast, r))
+    assert len(keys) == 2
+
+
+def test_corrupt_entry_is_detected_and_regenerated(cachedir: Path) -> None:
+    ast = kernel_ast.row_reduce("max", dtypes.float32, 3, 5)
+    r = CRenderer()
+    want = pc.cached_program(ast, r)
+    with sqlite3.connect(cachedir / "lazygrad" / "cache.db") as conn:
+        (val,) = conn.execute(f"SELECT val FROM program_v{CACHE_VERSION}").fetchone()
+        conn.execute(f"UPDATE program_v{CACHE_VERSION} SET val = ?", (val[: len(val) // 2] + b"\x00" * 8,))
+    pc._memory.clear()
+    with pytest.warns(CacheWarning, match="checksum"):
+        got = pc.cached_program(ast, r)
+    assert same_program(got, want)
+    pc._memory.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuilt entry reads back cleanly
+        assert same_program(pc.cached_program(ast, r), want)
+
+
+def test_package_sources_are_part_of_the_key() -> None:
+    fp = pc.package_fingerprint("lazygrad_codegen")
+    assert fp.startswith("lazygrad_codegen:") and len(fp.rsplit(":", 1)[1]) == 16
+    assert pc.package_fingerprint("lazygrad_codegen.program") == fp  # one per top-level package
+
+
+def test_debug_output_is_printed_on_a_warm_cache(cachedir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ast = kernel_ast.row_reduce("sum", dtypes.float32, 5, 3)
+    spec = pc.cached_program(ast, CRenderer())
+    capsys.readouterr()
+    with Context(DEBUG=4):
+        assert same_program(pc.cached_program(ast, CRenderer()), spec)
+    assert spec.src in capsys.readouterr().out
