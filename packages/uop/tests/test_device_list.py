@@ -8,7 +8,7 @@ import importlib.metadata
 import pytest
 
 from lazygrad_uop.config import Context
-from lazygrad_uop.device import TensorCore
+from lazygrad_uop.device import CompiledDevice, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.plugins import DeviceSpec, RendererSpec, TensorCoreSpec, hookimpl
 from lazygrad_uop.registry import DeviceRegistry
@@ -21,7 +21,11 @@ class Plugin:
     """One device with the given usability, renderers and tensor cores."""
 
     def __init__(self, name: str, priority: int, package: str, reason: str | None = None, **hooks: list) -> None:
-        self.spec = DeviceSpec(name, lambda n: None, lambda: reason, priority, package)  # type: ignore[arg-type,return-value]
+        # the registry opens the default it chooses: a bare device object stands in (nothing runs on it here)
+        def open_device(n: str) -> CompiledDevice:
+            return CompiledDevice(n, None, None, None, None)  # type: ignore[arg-type]
+
+        self.spec = DeviceSpec(name, open_device, lambda: reason, priority, package)
         self.hooks = hooks
 
     @hookimpl
