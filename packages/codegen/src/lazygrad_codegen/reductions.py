@@ -5,9 +5,9 @@ gets on GPUs (`group_rows`: a workgroup, or one warp for short rows, per output)
 A reduction keeps `accumulator_lanes(renderer)` partial results per output side by side: the threads of a workgroup
 on GPUs, the vector lanes of the unrolled loop on CPUs, one on a device without either. Each lane adds its elements
 in sequence, so a float sum's rounding error grows with the elements per lane; bounding them by `SEQUENTIAL` keeps it
-near that of a pairwise sum. A longer reduction is cut into `parts` partial reductions of `length` consecutive elements each
-(and one of the few left over), stored, and reduced again, as often as needed; a
-reduction to fewer outputs than the device has compute units is cut too, so that every unit gets a part.
+near that of a pairwise sum. A longer reduction is cut into `parts` partial reductions of `length` consecutive
+elements each, stored, and reduced again together with the elements left over, as often as needed; a reduction to
+fewer outputs than the device has compute units is cut too, so that every unit gets a part.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Execution: compile each scheduled kernel once per device, run it, and report kernel statistics at DEBUG>=2.
 
 A `ScheduleItem` is lowered to an `ExecItem`: a runner (a compiled kernel, or a copy between devices), the buffers
-it runs on and the values of its symbolic variables. `run_schedule` runs them in order, skipping kernels that write no elements
-(`has_no_work`); while a `TinyJit` captures (see `capturing`), the ExecItems it runs are also recorded for replay.
+it runs on and the values of its symbolic variables. `run_schedule` runs them in order, skipping kernels that write
+no elements (`has_no_work`); while a `TinyJit` captures (see `capturing`), the ExecItems it runs are also recorded
+for replay.
 """
 
 from __future__ import annotations

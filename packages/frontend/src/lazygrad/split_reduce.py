@@ -1,10 +1,10 @@
 """Long reductions as partial reductions and a reduction of the parts (`lazygrad_codegen.reductions.split_plan`
-decides where and how finely, from the device's renderer): the reduced axes moved last and flattened, the first `parts * length` elements
-reshaped to (parts, length) and reduced along the length, then the parts and the elements left over reduced
-together (padded with the reduction's identity to whole lanes).
-The scheduler stores the parts (a reduction never fuses into another one's input), so the first kernel spreads over
-every workgroup or core and the second is short. The parts' reduction goes through `Tensor._reduce` again, and is
-itself split when it is still long."""
+decides where and how finely, from the device's renderer): the reduced axes moved last and flattened, the first
+`parts * length` elements reshaped to (parts, length) and reduced along the length, then the parts and the elements
+left over reduced together (padded with the reduction's identity to whole lanes). The scheduler stores the parts (a
+reduction never fuses into another one's input), so the first kernel spreads over every workgroup or core and the
+second is short. The parts' reduction goes through `Tensor._reduce` again, and is itself split when still long.
+"""
 
 from __future__ import annotations
 
