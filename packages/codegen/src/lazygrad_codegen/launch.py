@@ -3,7 +3,7 @@ dimensions as they are laid out (CUDA and AMDGPU take up to 65,535 workgroups in
 
 `fitted_indices` first lays the axes out as `lowerer.hardware_indices` does (innermost axis in x, outer ones merged
 into z); when a dimension is then over its limit, every axis is numbered by one linear workgroup index instead, in x
-alone where it fits, else in x and y (x a divisor of the total), and each axis is recovered from it by division and
+alone where it fits, else in x, y and z (factors of the total), and each axis is recovered from it by division and
 remainder."""
 
 from __future__ import annotations
@@ -29,22 +29,16 @@ def _divisors(n: int) -> list[int]:
 
 
 def _split_total(total: int, limits: Sequence[int]) -> tuple[int, int, int] | None:
-    """Three dimensions whose product is `total`, each within `limits`: x alone, else x times y, else x, y and z,
-    x and y the largest divisors that fit."""
-    dims: list[int] = []
-    rest = total
-    for limit in limits[:2]:
-        if rest <= limit:
-            break
-        d = max(d for d in _divisors(rest) if d <= limit)
-        if d == 1:
-            return None
-        dims.append(d)
-        rest //= d
-    dims.append(rest)
-    while len(dims) < 3:
-        dims.append(1)
-    return (dims[0], dims[1], dims[2]) if fits(dims, limits) else None
+    """Three dimensions whose product is `total`, each within `limits`, x as large as possible, then y (so the
+    division and remainder that recover the axes are by few numbers); None when no such factors exist."""
+    for x in reversed(_divisors(total)):
+        if x > limits[0]:
+            continue
+        rest = total // x
+        for y in reversed(_divisors(rest)):
+            if y <= limits[1] and rest // y <= limits[2]:
+                return x, y, rest // y
+    return None
 
 
 def fitted_indices(
