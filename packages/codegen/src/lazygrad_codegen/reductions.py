@@ -74,7 +74,7 @@ def split_plan(renderer: Renderer, outputs: int, length: int, op: Ops) -> SplitP
         return None
     # parts of whole lanes; of equal length where some length near the one wanted divides the reduction, so that no
     # remainder needs a kernel of its own
-    want = max(lanes, length // parts // lanes * lanes)
+    want = min(longest, max(lanes, length // parts // lanes * lanes))
     exact = [n for n in range(want, max(lanes, want // 2) - 1, -lanes) if length % n == 0]
     part = exact[0] if exact else want
     final = length // part + length % part
