@@ -6,7 +6,8 @@ Columns:
   bytes read once and the output's bytes written once, as a copy counts its source and destination;
 - `copy GB/s`: the machine's copy bandwidth (numpy copying the same number of bytes, the better of one thread and all
   cores, best of as many runs), measured in turn with that row's kernel so that both see the same load from other
-  processes; `ratio` is the kernel's bandwidth over it, and the target 0.70 or more;
+  processes; `ratio` is the kernel's bandwidth over it, and the target 0.70 or more (0.80 for the 1-D `x.sum()`,
+  which splits over every core);
 - `e2e`: `.realize()` of a freshly built graph per call (graph, schedule, kernels; compiled by a warm-up call),
   median; `vs numpy`: numpy's time for the same expression over lazygrad's end-to-end time (above 1: lazygrad is
   faster; numpy makes a temporary per op and allocates its output afresh).
@@ -24,6 +25,8 @@ from lazygrad import Tensor
 from lazygrad_uop.registry import Device
 
 TARGET = 0.70
+# the 1-D sum: partial sums on every core, then their sum (lazygrad_codegen.reductions)
+TARGETS = {"x.sum()": 0.80}
 ROW = 4096  # the length of the rows reduced by the one-axis sums
 
 
@@ -142,8 +145,9 @@ def main() -> None:
             f"{'e2e':>10s} {'numpy':>10s} {'vs numpy':>8s}"
         )
         for row in rows:
-            met.append(row.ratio >= TARGET)
-            verdict = "met" if row.ratio >= TARGET else "MISSED"
+            target = TARGETS.get(row.name, TARGET)
+            met.append(row.ratio >= target)
+            verdict = "met" if row.ratio >= target else "MISSED"
             line = (
                 f"{row.name:26s} {mib:4d}MiB {row.kernel * 1e3:7.2f} ms {row.nbytes / row.kernel / 1e9:7.1f} "
                 f"{row.copy_bytes / row.copy / 1e9:9.1f} {row.ratio:6.2f} {verdict:>6s}"
@@ -152,7 +156,7 @@ def main() -> None:
                 line += f" {row.e2e * 1e3:7.2f} ms {row.numpy * 1e3:7.2f} ms {row.numpy / row.e2e:8.2f}"
             print(line)
         del arrays, tensors
-    print(f"\n{sum(met)}/{len(met)} rows at or above {TARGET:.0%} of copy bandwidth")
+    print(f"\n{sum(met)}/{len(met)} rows at or above their target ratio of copy bandwidth")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """CUDA speed against torch on the same GPU, in the same run: an fp16 4096x4096x4096 matmul (TFLOPS) and an fp16
-elementwise add of 2^26 elements (GB/s moved: two reads and a write).
+elementwise add of 2^26 elements (GB/s moved: two reads and a write); bandwidth-bound reductions (`bandwidth_rows`):
+the float sum of 2^26 fp16 values, softmax and layernorm over the rows of a 4096x4096 float32 matrix (GB/s: the
+input read once and the output written once, whatever the kernels move).
 
 It then prints the kernel-time rows of `benchmarks/gpu_matmul.py` (fp16/bf16/fp32 matmuls, the ResNet 3x3
 convolution passes at batch 64); BEAM's search time is measured by running that script itself.
 
 Times are GPU times of whole calls, synchronised: lazygrad's `.realize()` of a fresh graph (scheduling included,
 compilation excluded by a warm-up call) and torch's op, median of several runs. Targets: at least 50% of torch's
-matmul TFLOPS and 80% of its elementwise bandwidth. Without an NVIDIA GPU the script says so and measures nothing.
+matmul TFLOPS and 80% of its elementwise bandwidth; the sum 80%, softmax and layernorm 70% of torch's. Without an
+NVIDIA GPU the script says so and measures nothing.
 
     python benchmarks/gpu.py [--size 4096] [--elements 67108864]
 """
@@ -17,6 +20,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +28,7 @@ from lazygrad import Tensor, dtypes
 from lazygrad_uop.registry import Device
 
 TARGETS = {"matmul": 0.50, "elementwise": 0.80}
+BANDWIDTH_TARGETS = {"sum": 0.80, "softmax": 0.70, "layernorm": 0.70}
 
 
 def bench(fn: Callable[[], object], sync: Callable[[], None], runs: int = 5) -> float:
@@ -81,6 +86,8 @@ def main() -> None:
     rows.append((f"matmul fp16 {n}^3", t_mm, ref_mm, flops / 1e12, "TFLOPS", TARGETS["matmul"]))
     rows.append((f"add fp16 {count}", t_ew, ref_ew, moved / 1e9, "GB/s", TARGETS["elementwise"]))
 
+    rows += bandwidth_rows(torch, gpu.synchronize, rng, count)
+
     from gpu_matmul import conv_rows, matmul_rows, print_rows
 
     matmul_conv = matmul_rows(torch, 5) + conv_rows(torch, 5)
@@ -94,6 +101,39 @@ def main() -> None:
         print(f"{name:24s} {lg} {ref} {ratio} {target:7.0%}")
     # kernel-time rows of the compute-bound kernels (issue 14); BEAM's search: python benchmarks/gpu_matmul.py
     print_rows(matmul_conv)
+
+
+def bandwidth_rows(
+    torch: Any, sync: Callable[[], None], rng: np.random.Generator, count: int, device: str = "CUDA", rows_n: int = 4096
+) -> list[tuple]:
+    """Rows of (name, lazygrad seconds, torch seconds or None, GB moved, "GB/s", target) for the sum of `count` fp16
+    values as float, and softmax and layernorm over the rows of a 4096x4096 float32 matrix; results checked against
+    torch's."""
+    h_np = rng.standard_normal(count).astype(np.float16)
+    m_np = rng.standard_normal((rows_n, 4096)).astype(np.float32)
+    h, m = Tensor(h_np, device=device).realize(), Tensor(m_np, device=device).realize()
+    cases = {
+        "sum": (lambda: h.float().sum().realize(), h_np.nbytes + 4),
+        "softmax": (lambda: m.softmax(-1).realize(), 2 * m_np.nbytes),
+        "layernorm": (lambda: m.layernorm().realize(), 2 * m_np.nbytes),
+    }
+    refs: dict[str, Callable[[], object]] = {}
+    if torch is not None:
+        th, tm = torch.from_numpy(h_np).cuda(), torch.from_numpy(m_np).cuda()
+        refs = {
+            "sum": lambda: th.float().sum(),
+            "softmax": lambda: tm.softmax(-1),
+            "layernorm": lambda: torch.nn.functional.layer_norm(tm, (4096,)),
+        }
+        for name, ref in refs.items():
+            got, want = cases[name][0]().numpy(), ref().cpu().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3, err_msg=name)
+    rows = []
+    for name, (fn, moved) in cases.items():
+        t_ref = bench(refs[name], torch.cuda.synchronize) if name in refs else None
+        label = f"{name} fp16 {count}" if name == "sum" else f"{name} {rows_n}x4096"
+        rows.append((label, bench(fn, sync), t_ref, moved / 1e9, "GB/s", BANDWIDTH_TARGETS[name]))
+    return rows
 
 
 if __name__ == "__main__":

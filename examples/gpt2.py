@@ -333,9 +333,10 @@ def _torch_forward(config: GPT2Config, w: dict, tokens: list[int], cache: list, 
     c, n = config, len(tokens)
     hd = c.n_embd // c.n_head
     end = start_pos + n
-    x = w["wte.weight"][torch.tensor(tokens)] + w["wpe.weight"][start_pos:end]
+    dev = w["wte.weight"].device
+    x = w["wte.weight"][torch.tensor(tokens, device=dev)] + w["wpe.weight"][start_pos:end]
     # key j is visible to query i (at position start_pos + i) when j <= start_pos + i
-    visible = torch.arange(end)[None, :] <= (torch.arange(n) + start_pos)[:, None]
+    visible = torch.arange(end, device=dev)[None, :] <= (torch.arange(n, device=dev) + start_pos)[:, None]
     for i, (kc, vc) in enumerate(cache):
         p = f"h.{i}."
         h = F.layer_norm(x, (c.n_embd,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], c.layer_norm_eps)
@@ -353,16 +354,16 @@ def _torch_forward(config: GPT2Config, w: dict, tokens: list[int], cache: list, 
     return x @ w["wte.weight"].T
 
 
-def _torch_state(model: GPT2) -> tuple[dict, Callable[[], list]]:
-    """The model's weights as torch tensors, and a function that makes an empty KV cache."""
+def _torch_state(model: GPT2, device: str = "cpu") -> tuple[dict, Callable[[], list]]:
+    """The model's weights as torch tensors on torch's `device`, and a function that makes an empty KV cache."""
     import torch
 
-    w = {k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()}
+    w = {k: torch.from_numpy(v.numpy().copy()).to(device) for k, v in model.state_dict().items()}
     c = model.config
 
     def new_cache() -> list:
         shape = (c.n_head, c.n_ctx, c.n_embd // c.n_head)
-        return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(c.n_layer)]
+        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(c.n_layer)]
 
     return w, new_cache
 
@@ -381,12 +382,14 @@ def torch_reference(model: GPT2) -> Callable[[list[int]], np.ndarray]:
     return run
 
 
-def torch_generate(model: GPT2, prompt: list[int], count: int, timings: list[float] | None = None) -> list[int]:
-    """Greedy generation in torch (eager, with a KV cache) with the model's weights: the reference for decode
-    speed. timings: as in `generate`."""
+def torch_generate(
+    model: GPT2, prompt: list[int], count: int, timings: list[float] | None = None, device: str = "cpu"
+) -> list[int]:
+    """Greedy generation in torch (eager, with a KV cache, on torch's `device`) with the model's weights: the
+    reference for decode speed. timings: as in `generate` (each token's argmax read back to the host first)."""
     import torch
 
-    w, new_cache = _torch_state(model)
+    w, new_cache = _torch_state(model, device)
     cache, out = new_cache(), []
     with torch.no_grad():
         logits = _torch_forward(model.config, w, list(prompt), cache, 0)

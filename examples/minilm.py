@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import tokenizers
@@ -260,23 +260,12 @@ def embed(
     return out
 
 
-def torch_reference(
-    model_dir: str | Path | None = None, batch_size: int = 32, threads: int | None = None
-) -> Callable[[list[str]], np.ndarray]:
-    """The same pipeline written separately in torch (eager, CPU): weights read with the safetensors package's torch
-    loader, the same tokenisation and length-sorted batches, each padded only to its longest sentence. Returns
-    sentences -> embeddings (len(sentences), hidden); a reference for tests and benchmarks. `threads` sets torch's
-    (process-wide) CPU thread count."""
+def torch_encoder(cfg: BertConfig, w: dict[str, Any], device: str = "cpu") -> Callable[[np.ndarray, np.ndarray], Any]:
+    """The encoder with mean pooling and L2 normalisation written separately in torch (eager) over the Hugging Face
+    BertModel weights `w` (torch tensors on `device`): (ids, mask) numpy arrays -> torch embeddings on `device`."""
     import torch
     import torch.nn.functional as F  # noqa: N812 - torch's own convention
-    from safetensors.torch import load_file
 
-    model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
-    cfg = BertConfig.from_json(model_dir / "config.json")
-    w = load_file(str(model_dir / "model.safetensors"))
-    tok = load_tokenizer(model_dir)
-    if threads is not None:
-        torch.set_num_threads(threads)
     n_heads, eps = cfg.num_attention_heads, cfg.layer_norm_eps
 
     def lin(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -286,11 +275,12 @@ def torch_reference(
         return F.layer_norm(x, (x.shape[-1],), w[f"{name}.weight"], w[f"{name}.bias"], eps)
 
     def forward(ids_np: np.ndarray, mask_np: np.ndarray) -> torch.Tensor:
-        ids, mask = torch.from_numpy(ids_np).long(), torch.from_numpy(mask_np).float()
+        ids = torch.from_numpy(ids_np).long().to(device)
+        mask = torch.from_numpy(mask_np).float().to(device)
         b, t = ids.shape
         x = (
             w["embeddings.word_embeddings.weight"][ids]
-            + w["embeddings.position_embeddings.weight"][torch.arange(t)]
+            + w["embeddings.position_embeddings.weight"][torch.arange(t, device=device)]
             + w["embeddings.token_type_embeddings.weight"][torch.zeros_like(ids)]
         )
         x = norm(x, "embeddings.LayerNorm")
@@ -311,11 +301,32 @@ def torch_reference(
         pooled = (x * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, p=2, dim=1)
 
+    return forward
+
+
+def torch_reference(
+    model_dir: str | Path | None = None, batch_size: int = 32, threads: int | None = None, device: str = "cpu"
+) -> Callable[[list[str]], np.ndarray]:
+    """The same pipeline written separately in torch (eager, on torch's `device`): weights read with the safetensors
+    package's torch loader, the same tokenisation and length-sorted batches, each padded only to its longest
+    sentence (`torch_encoder`). Returns sentences -> embeddings (len(sentences), hidden); a reference for tests and
+    benchmarks. `threads` sets torch's (process-wide) CPU thread count."""
+    import torch
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+    cfg = BertConfig.from_json(model_dir / "config.json")
+    w = {k: v.to(device) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    tok = load_tokenizer(model_dir)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    forward = torch_encoder(cfg, w, device)
+
     @torch.inference_mode()
     def run(sentences: list[str]) -> np.ndarray:
         out = np.empty((len(sentences), cfg.hidden_size), dtype=np.float32)
         for idx, ids, mask in batches(tok, sentences, batch_size):
-            out[idx] = forward(ids, mask).numpy()
+            out[idx] = forward(ids, mask).cpu().numpy()
         return out
 
     return run

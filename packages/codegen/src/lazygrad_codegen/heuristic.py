@@ -30,7 +30,9 @@ What assumes a CPU: the upcast widths come from the renderer's `vector_width` (t
 
 from __future__ import annotations
 
+from lazygrad_codegen.bandwidth import elementwise_workgroups
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
+from lazygrad_codegen.reductions import group_rows
 from lazygrad_codegen.tiling import staged_matmul
 from lazygrad_uop.views import ShapeTracker
 
@@ -104,6 +106,9 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     if r.tensor_cores and r.has_local and _tensor_cores(k):
         return k
     if r.has_local and r.has_shared and k.reduceops:
+        if group_rows(k, FEW_OUTPUTS):
+            # a workgroup per row (lazygrad_codegen.reductions): its threads are all the parallelism it needs
+            return k
         _group(k)
     budget = accumulator_budget(k)
     g = _Globals(k)
@@ -166,7 +171,8 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         if isinstance(size, int) and size <= 8:
             _try(k, Opt(OptOps.UNROLL, n, 0))
     if r.has_local and k.use_locals:
-        _locals(k)
+        if not elementwise_workgroups(k):
+            _locals(k)
     elif widest is not None:
         # the loop of the widest upcast outermost: its tile of the other operand stays cached while this one streams
         cur = g.now[widest[1]]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from lazygrad_codegen.heuristic import accumulator_budget
 from lazygrad_codegen.index_width import INT32_MAX, index_dtype
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
+from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
@@ -178,18 +179,14 @@ class _Lowerer:
         self.idx_dt = dt = index_dtype(views, tuple(k.full_shape))
         globals_ = k.axes(AxisType.GLOBAL)
         if r.has_local:
-            gidx, self.global_size = hardware_indices([k.full_shape[a] for a in globals_], "gidx")
+            # within the renderer's launch limits: folded into fewer dimensions where the plain layout is over them
+            gidx, self.global_size = fitted_indices(
+                [k.full_shape[a] for a in globals_], "gidx", r.global_max, hardware_indices
+            )
             if k.staged:
                 gidx = grouped_launch(gidx, [k.full_shape[a] for a in globals_])
             # hardware indices are int32 on every device; an int64 kernel computes with them widened
             self.idx.update(zip(globals_, (g.cast(dt) if dt != g.dtype else g for g in gidx), strict=True))
-            if r.global_max is not None:
-                for n, (size, limit) in enumerate(zip(self.global_size, r.global_max, strict=False)):
-                    if isinstance(size, int) and size > limit:
-                        raise NotImplementedError(
-                            f"global dimension {n} of size {size} exceeds the renderer's limit {limit}; splitting it "
-                            "over several dimensions is not implemented yet"
-                        )
             thread_axes = k.axes(AxisType.LOCAL, AxisType.GROUP_REDUCE)
             sizes: list[sint] = [k.full_shape[a] for a in thread_axes]
             if k.tensor_core is not None:

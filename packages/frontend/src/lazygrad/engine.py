@@ -1,8 +1,9 @@
 """Execution: compile each scheduled kernel once per device, run it, and report kernel statistics at DEBUG>=2.
 
 A `ScheduleItem` is lowered to an `ExecItem`: a runner (a compiled kernel, or a copy between devices), the buffers
-it runs on and the values of its symbolic variables. `run_schedule` runs them in order; while a `TinyJit` captures
-(see `capturing`), the ExecItems it runs are also recorded for replay.
+it runs on and the values of its symbolic variables. `run_schedule` runs them in order, skipping kernels that write
+no elements (`has_no_work`); while a `TinyJit` captures (see `capturing`), the ExecItems it runs are also recorded
+for replay.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class CompiledRunner:
         gs = self.spec.global_size
         if not all(isinstance(g, int) for g in gs):
             gs = tuple(sym_infer(g, var_vals or {}) for g in gs)
+        if 0 in gs:
+            # symbolic sizes bound to 0: nothing to compute, and no launch (GPUs reject zero workgroups)
+            return 0.0 if wait else None
         return self.program(
             *handles, global_size=gs, local_size=self.spec.local_size, vals=self.vals(var_vals), wait=wait
         )
@@ -210,6 +214,12 @@ def lower_schedule_item(si: ScheduleItem, plan: Mapping[Buffer, Buffer] | None =
     return ExecItem(get_runner(si.bufs[0].device, si.ast), bufs, si.var_vals)
 
 
+def has_no_work(si: ScheduleItem) -> bool:
+    """Whether `si` writes nothing: every output holds zero elements. Such a kernel is never compiled or launched
+    (a GPU rejects a launch of zero workgroups); whatever reads its outputs reads no elements either."""
+    return all(b.size == 0 for b in si.outputs)
+
+
 # while a TinyJit captures, the ExecItems that run are appended here
 _captured: list[ExecItem] | None = None
 
@@ -239,6 +249,8 @@ def run_schedule(items: list[ScheduleItem], intermediates: Collection[Buffer] = 
     plan = plan_memory([si.bufs for si in items], intermediates) if intermediates and _captured is None else None
     compile_runners([(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY])
     for si in items:
+        if has_no_work(si):
+            continue
         ei = lower_schedule_item(si, plan)
         if _captured is not None:
             _captured.append(ei)

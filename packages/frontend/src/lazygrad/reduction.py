@@ -142,6 +142,9 @@ class ReductionMixin:
     def softmax(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         """exp(x) / sum(exp(x)) over `axis` (computed in `dtype` if given)."""
         x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        if x.numel() == 0:
+            # nothing to normalise (torch gives the empty tensor too); a max over an empty axis has no value
+            return x
         e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
@@ -153,6 +156,8 @@ class ReductionMixin:
     def log_softmax(self: Tensor, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         """x - logsumexp(x) over `axis` (computed in `dtype` if given)."""
         x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        if x.numel() == 0:
+            return x
         return x - x.logsumexp(axis, keepdim=True)
 
     # *** scans ***

@@ -29,6 +29,7 @@ from lazygrad.multi import reshard as reshard_multi
 from lazygrad.multi import shard as shard_uop
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
+from lazygrad.split_reduce import split_reduce
 from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, is_leaf, leaf_view, view_base
 from lazygrad_scheduler.memory import intermediate_buffers
@@ -1171,7 +1172,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         axes = tuple(sorted({_normalize_axis(a, self.ndim) for a in axes}))
         if self.ndim == 0:
             return self
-        ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+        if (ret := split_reduce(self, op, axes)) is None:
+            ret = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
         return ret if keepdim else ret.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
 
     def sum(

@@ -9,6 +9,7 @@ from typing import ClassVar
 from lazygrad_codegen.cstyle import kernel_function_name
 from lazygrad_codegen.llvmir import LLVMFunction, LLVMRenderer
 from lazygrad_cpu.compiler import host_vector_bits
+from lazygrad_cpu.threads import usable_cores
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -42,6 +43,8 @@ class CPURenderer(LLVMRenderer):
     # "prefer-vector-width" lets LLVM use the host's widest vectors (AVX-512 on CPUs that have it): some x86 CPUs'
     # default tuning caps vectorised loops at 256 bits to avoid clock drops that the newer ones no longer have
     function_attributes: ClassVar[str] = 'nounwind "prefer-vector-width"="512"'
+    # the threads a kernel's core0 axis is split over (see lazygrad_cpu.threads)
+    compute_units = usable_cores()
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """Open the loop over this call's range of core0; `render` closes it at the end of the function."""

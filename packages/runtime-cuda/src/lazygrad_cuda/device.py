@@ -43,7 +43,8 @@ class CUDADevice(CompiledDevice):
         self.arch = f"sm_{major}{minor}"
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.peers: set[int] = set()
-        renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch))
+        self.multiprocessors = self.attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch), self.multiprocessors)
         runtime = functools.partial(CUDAProgram, self)
         # CompiledDevice expects a Program type; a factory bound to this GPU is what it calls
         super().__init__(
@@ -85,7 +86,7 @@ class CUDADevice(CompiledDevice):
     def use_renderer(self, renderer: Renderer) -> None:
         """Render with `renderer`; a CUDA renderer is retargeted to this GPU's architecture and tensor cores."""
         if isinstance(renderer, CUDARenderer) and renderer.arch != self.arch:
-            renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch))
+            renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch), self.multiprocessors)
         self.renderer = renderer
 
 

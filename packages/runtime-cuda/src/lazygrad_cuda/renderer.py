@@ -131,7 +131,12 @@ class CUDARenderer(CStyleLanguage):
         Ops.THREEFRY: lambda a, b, dtype: f"lg_threefry({a}, {b})",
     }
 
-    def __init__(self, arch: str = "sm_80", tensor_cores: Sequence[TensorCore] = ()) -> None:
+    # an H100/H200 has 132 multiprocessors; a CUDADevice sets its own GPU's count
+    compute_units = 132
+
+    def __init__(
+        self, arch: str = "sm_80", tensor_cores: Sequence[TensorCore] = (), compute_units: int | None = None
+    ) -> None:
         if not re.fullmatch(r"sm_\d+[a-z]?", arch):
             raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
         self.arch = arch
@@ -140,6 +145,8 @@ class CUDARenderer(CStyleLanguage):
         self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
         # ldmatrix exists from Turing (sm_75) on
         self.has_ldmatrix = int(re.sub(r"\D", "", arch)) >= 75
+        if compute_units is not None:
+            self.compute_units = compute_units  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"

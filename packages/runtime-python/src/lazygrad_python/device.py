@@ -36,6 +36,8 @@ class GPUTarget:
     name: str = "GPU"
     tensor_cores: tuple[TensorCore, ...] = ()
     local_max: tuple[int, int, int] = (1024, 1024, 64)
+    # workgroups per launch dimension (None: unlimited), e.g. CUDA's (2**31 - 1, 65535, 65535)
+    global_max: tuple[int, int, int] | None = None
     shared_max: int = 49152
     max_workgroup_threads: int = 1024
     supports_float4: bool = True
@@ -77,6 +79,7 @@ class PythonRenderer(Renderer):
                 has_local=True,
                 has_shared=True,
                 local_max=target.local_max,
+                global_max=target.global_max,
                 shared_max=target.shared_max,
                 max_workgroup_threads=target.max_workgroup_threads,
                 supports_float4=target.supports_float4,

@@ -342,10 +342,12 @@ class Renderer(abc.ABC):
     axes together), `max_workgroup_threads` (threads of one workgroup), `has_threads` (a host target that runs a
     kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`), and `warp_size`
     (threads whose values `SHUFFLE_XOR` exchanges, a power of two dividing the hardware's warp; 0: no shuffles, so
-    grouped reductions combine through shared memory only), and `has_async_copy` (it renders `ASYNC_COPY` and
-    `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer), and
+    grouped reductions combine through shared memory only), `has_async_copy` (it renders `ASYNC_COPY` and
+    `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer),
     `has_ldmatrix` (it renders `LDMATRIX`: a warp's tensor-core fragments read from local memory as 8x8 matrices,
-    CUDA's ldmatrix on sm_75 and newer).
+    CUDA's ldmatrix on sm_75 and newer), and `compute_units` (the units that run workgroups or threads at once: a
+    GPU's multiprocessors, a CPU's cores; 0 when unknown), which decides how finely a long reduction to few outputs
+    is split.
     """
 
     device: ClassVar[str] = ""
@@ -363,6 +365,7 @@ class Renderer(abc.ABC):
     warp_size: ClassVar[int] = 0
     has_async_copy: ClassVar[bool] = False
     has_ldmatrix: ClassVar[bool] = False
+    compute_units: ClassVar[int] = 0
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 

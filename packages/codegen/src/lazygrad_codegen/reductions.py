@@ -1,0 +1,150 @@
+"""Long reductions and reductions along rows: how a reduction is cut into partial reductions of bounded length
+(`split_plan`, which the frontend applies while it builds the graph), and the workgroups a reduction to many outputs
+gets on GPUs (`group_rows`: a workgroup, or one warp for short rows, per output).
+
+A reduction keeps `accumulator_lanes(renderer)` partial results per output side by side: the threads of a workgroup
+on GPUs, the vector lanes of the unrolled loop on CPUs, one on a device without either. Each lane adds its elements
+in sequence, so a float sum's rounding error grows with the elements per lane; bounding them by `SEQUENTIAL` keeps it
+near that of a pairwise sum. A longer reduction is cut into `parts` partial reductions of `length` consecutive
+elements each, stored, and reduced again together with the elements left over, as often as needed; a reduction to
+fewer outputs than the device has compute units is cut too, so that every unit gets a part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
+from lazygrad_uop.device import Renderer
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.views import ShapeTracker
+
+# the elements one accumulator lane adds in sequence at most: a float32 sum of 64 equal values is off by ~1e-6
+SEQUENTIAL = 64
+# threads a GPU workgroup gives one long row (`group_rows`); also the lanes a split plan counts on there
+ROW_THREADS = 256
+# a part of a split reduction keeps each lane busy for at least this many steps
+MIN_STEPS = 4
+# shorter reductions are not cut only to spread them over more compute units: a kernel launch costs more
+PARALLEL_MIN = 1 << 15
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """A reduction of N elements as `parts` partial reductions of `length` consecutive elements each, then one
+    reduction of their results together with the `N - parts * length` elements left over (fewer than `length`),
+    padded with the reduction's identity to `final` elements (whole lanes)."""
+
+    parts: int
+    length: int
+    final: int
+
+
+def accumulator_lanes(renderer: Renderer) -> int:
+    """Partial results one output's reduction keeps side by side on `renderer`: a workgroup's threads on a GPU,
+    four vectors of the unrolled loop on a CPU (the heuristic's unroll), else one."""
+    if renderer.has_local and renderer.has_shared:
+        return min(ROW_THREADS, renderer.max_workgroup_threads)
+    if renderer.vector_width > 1:
+        return 4 * renderer.vector_width
+    return 1
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def split_plan(renderer: Renderer, outputs: int, length: int, op: Ops) -> SplitPlan | None:
+    """How to cut a reduction with `op` (ADD, MUL, MAX) of `length` elements to each of `outputs` outputs into
+    partial reductions, or None to leave it whole: cut when a lane would add more than `SEQUENTIAL` elements and the
+    partial results stay fewer than the input (few outputs, a long axis), or when there are fewer outputs than the
+    device's compute units and enough elements to share among them."""
+    if op not in (Ops.ADD, Ops.MUL, Ops.MAX) or outputs < 1 or length < 2:
+        return None
+    lanes = accumulator_lanes(renderer)
+    longest = lanes * SEQUENTIAL
+    parts = 1
+    if length > longest and outputs * longest <= length:
+        parts = -(-length // longest)
+    units = max(renderer.compute_units, 1)
+    if outputs < units and length >= PARALLEL_MIN:
+        # each part at least MIN_STEPS steps of every lane
+        parts = max(parts, min(-(-2 * units // outputs), length // (lanes * MIN_STEPS)))
+    if parts < 2:
+        return None
+    # parts of whole lanes; of equal length where some length near the one wanted divides the reduction, so that no
+    # remainder needs a kernel of its own
+    want = min(longest, max(lanes, length // parts // lanes * lanes))
+    exact = [n for n in range(want, max(lanes, want // 2) - 1, -lanes) if length % n == 0]
+    part = exact[0] if exact else want
+    final = length // part + length % part
+    return SplitPlan(length // part, part, _round_up(final, lanes) if final > lanes else final)
+
+
+def _stride(st: ShapeTracker, axis: int) -> int | None:
+    s = st.real_strides(ignore_valid=True)[axis]
+    return s if isinstance(s, int) else None
+
+
+def _is_matmul(k: Kernel, loads: list[ShapeTracker]) -> bool:
+    """Whether two inputs are each reused along a different output axis (a matmul, a convolution): those want
+    register tiles, not a workgroup per output."""
+    axes = [a for a in k.axes(AxisType.GLOBAL) if k.full_shape[a] != 1]
+    for i in axes:
+        for j in axes:
+            if i == j:
+                continue
+            on_i = [st for st in loads if _stride(st, i) == 0 and _stride(st, j) != 0]
+            on_j = [st for st in loads if _stride(st, j) == 0 and _stride(st, i) != 0]
+            if on_i and on_j:
+                return True
+    return False
+
+
+def group_rows(k: Kernel, few: int) -> bool:
+    """On a GPU, a workgroup per output for a reduction to more than `few` outputs along rows its biggest input is
+    contiguous in (softmax, layernorm, the parts of a split reduction; not a matmul): `ROW_THREADS` threads for long
+    rows, fewer or one warp for short ones, each thread reading vectors of 16 bytes that its neighbours continue
+    (GROUP on the inner part of the row, after an UNROLL by the vector), rows that no group divides padded. Returns
+    whether it applied."""
+    r = k.renderer
+    reduce_axes = k.axes(AxisType.REDUCE)
+    if not reduce_axes or not (r.has_local and r.has_shared) or k.tensor_core is not None:
+        return False
+    if k.axes(AxisType.GROUP_REDUCE, AxisType.UPCAST, AxisType.UNROLL, AxisType.LOCAL):
+        return False
+    outputs = 1
+    for s in k.sizes(AxisType.GLOBAL):
+        outputs *= s if isinstance(s, int) else few + 1
+    axis = reduce_axes[-1]
+    size = k.full_shape[axis]
+    loads = [st for ld, st in k.loads() if ld.src[1] in k.full_views]
+    biggest = max(loads, key=lambda st: st.real_size(), default=None)
+    if outputs <= few or not isinstance(size, int) or biggest is None or _stride(biggest, axis) != 1:
+        return False
+    if _is_matmul(k, loads):
+        return False
+    warp = warp_size(r) or 32
+    limit = r.max_workgroup_threads
+    # the threads of one row: more for long rows, each with at least MIN_STEPS vectors; one warp for short rows
+    threads = next((t for t in (ROW_THREADS, 128, 64) if t <= limit and size >= t * MIN_STEPS * 4), 0)
+    if not threads:
+        threads = warp if warp <= limit and size >= warp * 2 else 0
+    if not threads:
+        return False
+    itemsize = max((ld.dtype.itemsize for ld, _ in k.loads()), default=4)
+    vector = min(4, max(1, 16 // itemsize)) if r.supports_float4 else 1
+    n = reduce_axes.index(axis)
+    opts: list[Opt] = []
+    if vector > 1 and size % (vector * threads) == 0:
+        opts.append(Opt(OptOps.UNROLL, n, vector))
+    elif size % threads:
+        # a row no group divides: padded to whole groups (sums read zeros there, other reductions their identity)
+        opts.append(Opt(OptOps.PADTO, len(k.axes(AxisType.GLOBAL)) + n, threads))
+    opts.append(Opt(OptOps.GROUP, n, threads))
+    try:
+        k.copy().apply_opts(opts)
+    except KernelOptError:
+        return False
+    k.apply_opts(opts)
+    return True

@@ -1,0 +1,56 @@
+"""Long reductions as partial reductions and a reduction of the parts (`lazygrad_codegen.reductions.split_plan`
+decides where and how finely, from the device's renderer): the reduced axes moved last and flattened, the first
+`parts * length` elements reshaped to (parts, length) and reduced along the length, then the parts and the elements
+left over reduced together (padded with the reduction's identity to whole lanes). The scheduler stores the parts (a
+reduction never fuses into another one's input), so the first kernel spreads over every workgroup or core and the
+second is short. The parts' reduction goes through `Tensor._reduce` again, and is itself split when still long.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from lazygrad_codegen.reductions import split_plan
+from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
+
+if TYPE_CHECKING:
+    from lazygrad.tensor import Tensor
+
+
+def renderer_of(device: str) -> Renderer | None:
+    """The renderer kernels for `device` are made with (None for a device that isn't one compiled device)."""
+    if not isinstance(device, str):
+        return None
+    return getattr(Device[device], "renderer", None)
+
+
+def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
+    """`x` reduced with `op` over `axes` (sorted, normalised, keeping them as size 1) in parts, or None when the
+    reduction is better left whole (or has a symbolic size)."""
+    shape = x.shape
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    length = math.prod(shape[a] for a in axes)
+    outputs = math.prod(d for a, d in enumerate(shape) if a not in axes)
+    renderer = renderer_of(x.device)
+    if renderer is None or (plan := split_plan(renderer, outputs, length, op)) is None:
+        return None
+    keep = [a for a in range(len(shape)) if a not in axes]
+    flat = x.permute(*keep, *axes).reshape(*(shape[a] for a in keep), length)
+    head = plan.parts * plan.length
+    lead = tuple((0, d) for d in flat.shape[:-1])
+    whole = flat if head == length else flat.shrink((*lead, (0, head)))
+    parts = whole.reshape(*flat.shape[:-1], plan.parts, plan.length)._reduce(op, len(keep) + 1, keepdim=False)
+    if head < length:
+        # the elements left over join the parts' reduction, so that the parts read no padding
+        parts = parts.cat(flat.shrink((*lead, (head, length))), dim=len(keep))
+    if plan.final > parts.shape[-1]:
+        # whole lanes for the last reduction (its parts are few, padding them costs nothing)
+        identity = 0 if op is Ops.ADD else 1 if op is Ops.MUL else dtypes.min(x.dtype)
+        parts = parts.pad(((0, 0),) * len(keep) + ((0, plan.final - parts.shape[-1]),), value=identity)
+    out = parts._reduce(op, len(keep), keepdim=False)
+    return out.reshape(tuple(1 if a in axes else d for a, d in enumerate(shape)))

@@ -1,0 +1,191 @@
+"""Long reductions split into partial reductions (`lazygrad.split_reduce`) on every device against numpy: sum, max,
+min, mean, argmax over long axes with and without a remainder, in many dtypes; float32 sums of 10^7 elements within
+1e-6 of a float64 sum; row reductions (softmax, log_softmax, layernorm, RMS norm, cross-entropy, var) for widths
+from 1 to 65,536 against torch; zero-size inputs to reductions and movement ops giving the empty or identity result
+without launching a kernel that has nothing to write."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lazygrad.engine
+from lazygrad import Tensor
+from lazygrad_codegen.reductions import SEQUENTIAL, accumulator_lanes
+from lazygrad_uop.dtype import dtypes, to_numpy_dtype
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
+
+RNG = np.random.default_rng(5)
+
+
+def longest(device: str) -> int:
+    """The longest reduction `device` leaves whole (with enough outputs)."""
+    return accumulator_lanes(Device[device].renderer) * SEQUENTIAL
+
+
+def lengths(device: str) -> list[int]:
+    """Lengths a split reduction on `device` cuts with and without a remainder."""
+    n = longest(device)
+    return [4 * n, 3 * n + 7]
+
+
+def values(shape: tuple[int, ...], dtype) -> np.ndarray:
+    npdt = to_numpy_dtype(dtype)
+    if dtype == dtypes.bool:
+        return RNG.random(shape) < 0.3
+    if dtypes.is_int(dtype):
+        info = np.iinfo(npdt)
+        return RNG.integers(max(info.min, -100), min(info.max, 100), shape).astype(npdt)
+    return RNG.standard_normal(shape).astype(npdt)
+
+
+@pytest.mark.parametrize(
+    "dtype", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int8, dtypes.uint8, dtypes.bool]
+)
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean", "argmax"])
+def test_long_reductions_match_numpy(device: str, dtype, op: str) -> None:
+    if device == "CL" and dtype not in (dtypes.float32, dtypes.int32):
+        pytest.skip("PoCL takes seconds per kernel: CL runs float32 and int32, CPU and PYTHON every dtype")
+    for n in lengths(device):
+        a = values((n,), dtype)
+        t = Tensor(a, device=device, dtype=dtype)
+        got = getattr(t, op)().numpy()
+        if op == "sum":
+            want = a.sum(dtype=np.float64 if dtypes.is_float(dtype) else np.int64)
+        elif op == "mean":
+            want = a.astype(np.float64).mean()
+        else:
+            want = getattr(a, op)()
+        tol = 1e-2 if dtype == dtypes.float16 else 1e-5
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.float64(want), rtol=tol, atol=tol, err_msg=f"n={n}")
+
+
+def test_long_reductions_along_an_axis_of_a_matrix(device: str) -> None:
+    n = lengths(device)[1]
+    a = values((3, n), dtypes.float32)
+    t = Tensor(a, device=device)
+    np.testing.assert_allclose(t.sum(1).numpy(), a.sum(1, dtype=np.float64), rtol=1e-5)
+    np.testing.assert_array_equal(t.max(1).numpy(), a.max(1))
+    np.testing.assert_array_equal(t.argmax(1).numpy(), a.argmax(1))
+    # the long axis first: the reduced axis is not the contiguous one
+    np.testing.assert_allclose(Tensor(a.T.copy(), device=device).sum(0).numpy(), a.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(t.sum(1, keepdim=True).numpy(), a.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_long_reductions_are_split_into_parts(device: str) -> None:
+    n = lengths(device)[0]
+    items = Tensor(values((n,), dtypes.float32), device=device).sum().schedule()
+    reductions = [si for si in items if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
+    assert len(reductions) >= 2, "a partial reduction and the reduction of the parts"
+    assert reductions[0].outputs[0].size >= 2
+
+
+@pytest.mark.parametrize("device_name", ["CPU", "CL"])
+def test_a_float32_sum_of_ten_million_is_within_1e_6(device_name: str) -> None:
+    if device_name not in Device.installed() or Device.usable(device_name) is not None:
+        pytest.skip(f"{device_name} is not usable here")
+    for a in (np.full(10**7, 0.1, np.float32), RNG.random(10**7 + 3).astype(np.float32)):
+        got = float(Tensor(a, device=device_name).sum().numpy())
+        want = a.astype(np.float64).sum()
+        assert abs(got - want) / want < 1e-6
+
+
+def test_gradients_flow_through_split_reductions(device: str) -> None:
+    torch = pytest.importorskip("torch")
+    if device == "PYTHON":
+        pytest.skip("compiling the backward's kernels takes the PYTHON device seconds (CPU and CL run it)")
+    n = lengths(device)[1]
+    a = values((n,), dtypes.float32)
+    t = Tensor(a, device=device, requires_grad=True)
+    (t.sum() * 2 + t.max()).backward()
+    r = torch.tensor(a, requires_grad=True)
+    (r.sum() * 2 + r.max()).backward()
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-6)
+
+
+# *** row reductions ***
+
+WIDTHS = [1, 2, 7, 31, 32, 33, 100, 257, 1000, 1024, 4097, 65536]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_row_reductions_match_torch(device: str, width: int) -> None:
+    torch = pytest.importorskip("torch")
+    if width > {"PYTHON": 1024, "CL": 4097}.get(device, width):
+        pytest.skip(f"{device} takes seconds on rows this wide (the CPU runs them)")
+    rows = 3
+    a = values((rows, width), dtypes.float32)
+    t, r = Tensor(a, device=device), torch.tensor(a)
+    w = values((width,), dtypes.float32)
+    labels = RNG.integers(0, width, rows)
+    checks = {
+        "softmax": (t.softmax(-1), r.softmax(-1)),
+        "log_softmax": (t.log_softmax(-1), r.log_softmax(-1)),
+        "layernorm": (t.layernorm(), torch.nn.functional.layer_norm(r, (width,))),
+        "rms_norm": (
+            t * (t.square().mean(-1, keepdim=True) + 1e-6).rsqrt() * Tensor(w, device=device),
+            torch.nn.functional.rms_norm(r, (width,), torch.tensor(w), 1e-6),
+        ),
+        "cross_entropy": (
+            t.cross_entropy(Tensor(labels, device=device)),
+            torch.nn.functional.cross_entropy(r, torch.tensor(labels)),
+        ),
+        "mean": (t.mean(-1), r.mean(-1)),
+        "var": (t.var(-1), r.var(-1)) if width > 1 else (t.mean(-1), r.mean(-1)),
+    }
+    for name, (got, want) in checks.items():
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+# *** zero-size inputs ***
+
+EMPTY_CASES = {
+    "sum_all": (lambda t: t.sum(), lambda a: a.sum()),
+    "sum_empty_axis": (lambda t: t.sum(0), lambda a: a.sum(0)),
+    "sum_other_axis": (lambda t: t.sum(1), lambda a: a.sum(1)),
+    "prod": (lambda t: t.prod(0), lambda a: a.prod(0)),
+    "mean_other_axis": (lambda t: t.mean(1), lambda a: a.mean(1)),
+    "max_other_axis": (lambda t: t.max(1), lambda a: a.max(1)),
+    "argmax_other_axis": (lambda t: t.argmax(1), lambda a: a.argmax(1)),
+    "cumsum": (lambda t: t.cumsum(0), lambda a: a.cumsum(0)),
+    "cumsum_other": (lambda t: t.cumsum(1), lambda a: a.cumsum(1)),
+    "tril": (lambda t: t.tril(), lambda a: np.tril(a)),
+    "triu": (lambda t: t.triu(), lambda a: np.triu(a)),
+    "cat": (lambda t: t.cat(t, dim=0), lambda a: np.concatenate([a, a], 0)),
+    "cat_other": (lambda t: t.cat(t, dim=1), lambda a: np.concatenate([a, a], 1)),
+    "matmul_empty_k": (lambda t: t.T @ t, lambda a: a.T @ a),
+    "matmul_empty_m": (lambda t: t @ t.T, lambda a: a @ a.T),
+    "add": (lambda t: t + 1, lambda a: a + 1),
+    "permute": (lambda t: t.permute(1, 0).contiguous(), lambda a: a.T),
+    "pad": (lambda t: t.pad(((1, 1), (0, 0))), lambda a: np.pad(a, ((1, 1), (0, 0)))),
+    "flip": (lambda t: t.flip(0).contiguous(), lambda a: a[::-1]),
+    "expand": (lambda t: t.reshape(1, 0, 3).expand(2, 0, 3).contiguous(), lambda a: np.broadcast_to(a, (2, 0, 3))),
+    "softmax": (lambda t: t.softmax(0), lambda a: a),
+    "log_softmax": (lambda t: t.log_softmax(1), lambda a: a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_CASES))
+def test_zero_size_inputs_give_numpys_result_without_empty_launches(device: str, name: str, monkeypatch) -> None:
+    launched: list[str] = []
+    real = lazygrad.engine.CompiledRunner.__call__
+
+    def counting(self, bufs, *args, **kwargs):
+        launched.append(self.spec.name)
+        assert all(b.size for b in bufs[: len(self.spec.outs)]), f"{self.spec.name} launched to write nothing"
+        return real(self, bufs, *args, **kwargs)
+
+    monkeypatch.setattr(lazygrad.engine.CompiledRunner, "__call__", counting)
+    build, ref = EMPTY_CASES[name]
+    a = np.zeros((0, 3), np.float32)
+    out = build(Tensor(a, device=device)).realize()
+    want = ref(a)
+    np.testing.assert_array_equal(out.numpy(), want)
+    if want.size == 0:
+        assert not launched, f"kernels launched for an empty result: {launched}"
+
+
+def test_eye_of_zero(device: str) -> None:
+    assert Tensor.eye(0, device=device).realize().numpy().shape == (0, 0)
+    np.testing.assert_array_equal(Tensor.eye(0, 3, device=device).numpy(), np.eye(0, 3))

@@ -1,0 +1,83 @@
+"""The shapes of the CUDA programs for bandwidth-bound work, read from the rendered programs (no GPU needed): a 2^26
+fp16->float sum spread over at least one workgroup per H100/H200 multiprocessor, a workgroup per softmax and layernorm
+row, at least 128 threads per workgroup for an elementwise add, a launch of more than 65,535 workgroups in y folded
+into x (and compiled by NVRTC). The graphs are built on the PYTHON device with the split plans of a CUDA renderer.
+
+Needs the lazygrad frontend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+from cuda_helpers import ARCHS, assemble, ptxas
+
+from lazygrad_codegen import ProgramSpec, get_program
+from lazygrad_cuda.compiler import nvrtc_compile
+from lazygrad_cuda.renderer import CUDARenderer
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+
+lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
+split_reduce = pytest.importorskip("lazygrad.split_reduce")
+Tensor = lazygrad.Tensor
+
+H100_SMS = 132
+
+
+@pytest.fixture
+def renderer(monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDARenderer]:
+    """An sm_90 renderer with an H100's multiprocessors, which the frontend's split plans use too."""
+    r = CUDARenderer("sm_90", compute_units=H100_SMS)
+    monkeypatch.setattr(split_reduce, "renderer_of", lambda device: r)
+    yield r
+
+
+def programs(t: object, renderer: CUDARenderer) -> list[ProgramSpec]:
+    return [get_program(si.ast, renderer) for si in t.schedule() if si.ast.op is Ops.SINK]
+
+
+def _t(*shape: int, dtype=dtypes.float32) -> object:
+    return Tensor.empty(*shape, dtype=dtype, device="PYTHON")
+
+
+def test_the_fp16_sum_fills_every_multiprocessor(renderer: CUDARenderer) -> None:
+    specs = programs(_t(2**26, dtype=dtypes.float16).float().sum(), renderer)
+    assert len(specs) >= 2, "a 2^26 sum is split into partial sums and their sum"
+    first = specs[0]
+    assert math.prod(first.global_size) >= H100_SMS
+    assert math.prod(first.local_size) >= 128
+    # the partial sums read the whole input, each workgroup a contiguous part
+    assert math.prod(first.global_size) * math.prod(first.local_size) >= 128 * H100_SMS
+
+
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "layernorm"])
+def test_row_reductions_get_a_workgroup_per_row(renderer: CUDARenderer, kind: str) -> None:
+    x = _t(4096, 4096)
+    out = {"softmax": lambda: x.softmax(-1), "log_softmax": lambda: x.log_softmax(-1), "layernorm": x.layernorm}[kind]()
+    reductions = [s for s in programs(out, renderer) if s.name.startswith("r_")]
+    assert reductions
+    for spec in reductions:
+        assert math.prod(spec.global_size) == 4096, spec.name
+        assert math.prod(spec.local_size) >= 128, spec.name
+        assert "__shfl_xor_sync" in spec.src and "float4" in spec.src
+
+
+def test_the_fp16_add_has_at_least_128_threads_per_workgroup(renderer: CUDARenderer) -> None:
+    (spec,) = programs(_t(2**26, dtype=dtypes.float16) + _t(2**26, dtype=dtypes.float16), renderer)
+    assert 128 <= math.prod(spec.local_size) <= 512
+    assert "lg_halfx4" in spec.src  # vector loads and stores
+
+
+def test_a_launch_past_65535_in_y_is_folded_and_compiles(renderer: CUDARenderer, tmp_path) -> None:
+    # 100352 x 2 x 3 output axes: the plain layout puts 100352 in z, over CUDA's 65,535
+    x = _t(100352, 2, 3).permute(2, 1, 0).contiguous().permute(2, 1, 0) * 2
+    specs = programs(x, renderer)
+    for spec in specs:
+        assert all(d <= lim for d, lim in zip(spec.global_size, renderer.global_max, strict=True)), spec.global_size
+    for spec in specs:
+        out = nvrtc_compile(spec.src, ARCHS[-1])
+        assert out.cubin, "NVRTC compiled the folded launch to machine code"
+        if ptxas()[0] is not None:
+            assemble(out.ptx, ARCHS[-1], tmp_path, spec.name)
