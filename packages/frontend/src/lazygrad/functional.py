@@ -533,6 +533,11 @@ class FunctionalMixin:
     ) -> Tensor:
         """Cross entropy of logits (classes on the last axis) against integer labels Y; labels equal to
         ignore_index count neither in the loss nor in the mean."""
+        if dtypes.is_float(Y.dtype) or Y.shape != self.shape[:-1]:
+            raise ValueError(
+                f"sparse_categorical_crossentropy needs integer class labels of shape {self.shape[:-1]} for logits of "
+                f"shape {self.shape}, got {Y.dtype!r} labels of shape {Y.shape}"
+            )
         logp = self.log_softmax(-1)
         c = self.shape[-1]
         keep = Y.ne(ignore_index)
@@ -553,6 +558,17 @@ class FunctionalMixin:
         axis = 1 if self.ndim > 1 else 0
         logp = self.log_softmax(axis)
         c = self.shape[axis]
+        class_shape = self.shape[:axis] + self.shape[axis + 1 :]
+        if dtypes.is_int(Y.dtype) and Y.shape != class_shape:
+            raise ValueError(
+                f"cross_entropy with class indices needs a target of shape {class_shape} for input {self.shape}, "
+                f"got {Y.shape}"
+            )
+        if not dtypes.is_int(Y.dtype) and Y.shape != self.shape:
+            raise ValueError(
+                f"cross_entropy with class probabilities needs a float target of the input's shape {self.shape}, got "
+                f"{Y.dtype!r} of shape {Y.shape}; for class indices pass an integer tensor of shape {class_shape}"
+            )
         if dtypes.is_int(Y.dtype):
             target = Y.one_hot(c).cast(logp.dtype).movedim(-1, axis)
         else:
@@ -572,6 +588,11 @@ class FunctionalMixin:
         per-class weights (the mean divides by the summed weights, as torch)."""
         axis = 1 if self.ndim > 1 else 0
         c = self.shape[axis]
+        class_shape = self.shape[:axis] + self.shape[axis + 1 :]
+        if Y.shape != class_shape:
+            raise ValueError(
+                f"nll_loss needs class indices of shape {class_shape} for input {self.shape}, got {Y.shape}"
+            )
         target = Y.one_hot(c).cast(self.dtype).movedim(-1, axis)
         w = target if weight is None else target * weight.reshape(c, *(1,) * (self.ndim - axis - 1))
         if ignore_index is not None:
