@@ -541,7 +541,9 @@ class FunctionalMixin:
         logp = self.log_softmax(-1)
         c = self.shape[-1]
         keep = Y.ne(ignore_index)
-        target = Y.one_hot(c).cast(logp.dtype) if c else logp.zeros_like()
+        # ignored labels may be anything; the others must be classes (checked on the device)
+        labels = keep.where(Y, 0)._one_hot(c, "sparse_categorical_crossentropy labels") if c else None
+        target = labels.cast(logp.dtype) if labels is not None else logp.zeros_like()
         nll = -(logp * target).sum(-1)
         loss = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
         loss = keep.where(loss, 0)
@@ -570,7 +572,7 @@ class FunctionalMixin:
                 f"{Y.dtype!r} of shape {Y.shape}; for class indices pass an integer tensor of shape {class_shape}"
             )
         if dtypes.is_int(Y.dtype):
-            target = Y.one_hot(c).cast(logp.dtype).movedim(-1, axis)
+            target = Y._one_hot(c, "cross_entropy target").cast(logp.dtype).movedim(-1, axis)
         else:
             target = Y.cast(logp.dtype)
         if label_smoothing:
@@ -593,7 +595,8 @@ class FunctionalMixin:
             raise ValueError(
                 f"nll_loss needs class indices of shape {class_shape} for input {self.shape}, got {Y.shape}"
             )
-        target = Y.one_hot(c).cast(self.dtype).movedim(-1, axis)
+        labels = Y if ignore_index is None else Y.ne(ignore_index).where(Y, 0)
+        target = labels._one_hot(c, "nll_loss target").cast(self.dtype).movedim(-1, axis)
         w = target if weight is None else target * weight.reshape(c, *(1,) * (self.ndim - axis - 1))
         if ignore_index is not None:
             w = w * Y.ne(ignore_index).unsqueeze(axis)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from lazygrad import index_checks
 from lazygrad.counters import GlobalCounters
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
@@ -116,16 +117,21 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _plain_arguments(fxn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The plain (see `_plain_value`) arguments of a call, by the name that says which argument it is."""
+def _parameter_names(fxn: Callable[..., Any]) -> list[str]:
+    """The names of `fxn`'s positional parameters (empty where Python can't tell), to name arguments in errors."""
     try:
-        names = list(inspect.signature(fxn).parameters)
+        params = inspect.signature(fxn).parameters.values()
     except (TypeError, ValueError):
-        names = []
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _plain_arguments(names: list[str], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The plain (see `_plain_value`) arguments of a call, by the name that says which argument it is."""
     out = {}
     for i, v in enumerate(args):
         if _plain_value(v):
-            name = names[i] if i < len(names) and not names[i].startswith("*") else None
+            name = names[i] if i < len(names) else None
             out[f"argument {i}" + (f" ({name!r})" if name else "")] = v
     for k in sorted(kwargs):
         if _plain_value(kwargs[k]):
@@ -236,6 +242,13 @@ class _Result:
         return self.node() is not None or sys.getrefcount(self.buf) > len(self.slots) + 3
 
 
+def _rebuilt(template: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """`template` with its stand-ins replaced; a plain VIEW of one (the usual result) without a graph walk."""
+    if template.op is Ops.VIEW and template.src[0] in mapping:
+        return template.replace(src=(mapping[template.src[0]],))
+    return template.substitute(mapping)
+
+
 class CapturedJit:
     """A captured function: its ExecItems (memory-planned), where the input buffers sit in them, and the steps that
     replay them (device graphs or single items)."""
@@ -251,6 +264,7 @@ class CapturedJit:
         self.var_items = {i for i, ei in enumerate(items) if var_names & ei.var_vals.keys()}
         self.steps: list[_GraphStep | int] = self._build_steps()
         self.last: tuple[list[Buffer], dict[UOp, int]] | None = None
+        self.checks: list[index_checks.IndexCheck] = []
         self._track_results(ret, set(input_bufs))
 
     def _track_results(self, ret: Any, inputs: set[Buffer]) -> None:
@@ -303,7 +317,7 @@ class CapturedJit:
             attach_buffer(node, r.buf)
             r.node = weakref.ref(node)
             mapping[r.placeholder] = node
-        tensors = [t if isinstance(t, Tensor) else Tensor(t.substitute(mapping)) for t in self.templates]
+        tensors = [t if isinstance(t, Tensor) else Tensor(_rebuilt(t, mapping)) for t in self.templates]
         if self.differentiable:
             # the graph a result was computed from is the capture's: a backward through it must refuse, as through
             # any value a replay wrote, rather than treat the result as a constant
@@ -398,6 +412,7 @@ class TinyJit(Generic[R]):
 
     def __init__(self, fxn: Callable[..., R]) -> None:
         self.fxn = fxn
+        self.names = _parameter_names(fxn)
         functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
         self.reset()
 
@@ -460,21 +475,22 @@ class TinyJit(Generic[R]):
             return self.fxn(*args, **kwargs)
         bufs, specs, var_vals = _prepare_inputs(args, kwargs)
         self._check(specs, var_vals)
-        self._check_plain(_plain_arguments(self.fxn, args, kwargs))
+        self._check_plain(_plain_arguments(self.names, args, kwargs))
         if self.cnt == 0:
             ret = self.fxn(*args, **kwargs)
-            if outs := _flat_tensors(ret):
-                Tensor.realize(*outs)
+            checks = _realize_with_checks(ret)
         elif self.cnt == 1:
             if len({id(b) for b in bufs}) != len(bufs):
                 raise JitError("two tensor inputs of the jitted function share a buffer; pass each as its own tensor")
+            index_checks.verify()  # checks of earlier work must not be captured with this function's
             items: list[ExecItem] = []
             with capturing(items):
                 ret = self.fxn(*args, **kwargs)
-                if outs := _flat_tensors(ret):
-                    Tensor.realize(*outs)
+                checks = _realize_with_checks(ret)
             self.captured = CapturedJit(_planned(_grouped_by_device(items), bufs), bufs, set(var_vals), ret)
             self.captured.last = (list(bufs), dict(var_vals))
+            # the captured kernels compute the index checks again on every replay, into the same buffers
+            self.captured.checks = checks
             if DEBUG >= 1:
                 steps = self.captured.steps
                 graphs = sum(isinstance(s, _GraphStep) for s in steps)
@@ -485,12 +501,24 @@ class TinyJit(Generic[R]):
         else:
             assert self.captured is not None
             self.captured(bufs, var_vals)
+            checks = self.captured.checks
             ret = self.captured.returned()
             if var_vals:  # only a capture with variables can have results of symbolic shape
                 for t in _flat_tensors(ret):
                     _rebind(t, var_vals)
         self.cnt += 1
+        # a jitted call's return synchronises as a read does: an index found out of range raises here
+        for c in checks:
+            c.raise_if_failed()
         return ret
+
+
+def _realize_with_checks(ret: Any) -> list[index_checks.IndexCheck]:
+    """Realize the returned tensors and the index checks the call recorded, in one schedule; the checks."""
+    checks = index_checks.take_pending()
+    if (outs := _flat_tensors(ret)) or checks:
+        Tensor.realize(*outs, *(c.worst for c in checks))
+    return checks
 
 
 def _rebind(t: Tensor, var_vals: dict[UOp, int]) -> None:

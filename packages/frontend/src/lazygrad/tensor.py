@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from lazygrad import index_checks
 from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
 from lazygrad.errors import InputError, KindError, RangeError
@@ -630,6 +631,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
         if self.uop.op is Ops.MULTI:
             return self.to(self.device[0]).numpy()
+        index_checks.verify(self)  # a read synchronises: indices found out of range on the device raise here
         npdt = to_numpy_dtype(self.dtype)
         if not all(isinstance(d, int) for d in self.shape):
             # a symbolic shape is read at the values its variables are bound to
