@@ -4,9 +4,10 @@ An op that selects by integer indices (`t[idx]`, `gather`, `scatter`, `scatter_r
 the class labels of the cross-entropy losses) would otherwise give 0 for an index outside its dimension: the one-hot
 comparison it is built from matches nothing. Such an op calls `record`, which builds a lazy int64 scalar on the
 device: the largest offending index, or the int64 minimum when every index is in range (one small reduction kernel
-over the indices). Nothing waits for it: it is realized with the next values the host reads (`.numpy()`, `.item()`,
-`.tolist()`) and with a jitted function's results, and then checked, raising `IndexError` that names the operation,
-the offending index and the valid range, as CUDA's device-side asserts do for torch.
+over the indices). Nothing waits for it: it is computed with the next `realize()`, values the host reads
+(`.numpy()`, `.item()`, `.tolist()`) or jitted function's results, and read at the next read or jitted return (the
+synchronisations), raising `IndexError` that names the operation, the offending index and the valid range, as CUDA's
+device-side asserts do for torch.
 
 `INDEX_CHECKS=0` (environment, or `Context(INDEX_CHECKS=0)`) turns the checks off: out-of-range indices then select
 nothing (0), as before. The checks are on by default; their cost is one reduction over each index tensor and, on a
@@ -39,6 +40,7 @@ class IndexCheck:
     low: int
     high: int
     worst: Tensor
+    computed: bool = False
 
     def raise_if_failed(self) -> None:
         """Read the (realized) check and raise IndexError if an index was out of range."""
@@ -63,6 +65,15 @@ def record(what: str, index: Tensor, low: int, high: int) -> None:
     _pending.append(IndexCheck(what, low, high, bad.where(i, _IN_RANGE).max()))
     if len(_pending) > _MAX_PENDING:
         verify()
+
+
+def uncomputed() -> list[Tensor]:
+    """The pending checks' tensors not realized yet: a realize computes them with its tensors (they share the
+    indices), and marks them computed; they stay pending until read."""
+    out = [c.worst for c in _pending if not c.computed]
+    for c in _pending:
+        c.computed = True
+    return out
 
 
 def take_pending() -> list[IndexCheck]:

@@ -386,7 +386,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`, in the same schedule so they can share kernels)."""
-        Tensor._realize_all([self, *others])
+        # index checks not yet computed go along (they share the indices); they are read at the next read
+        Tensor._realize_all([self, *others, *index_checks.uncomputed()])
         return self
 
     @staticmethod
