@@ -2,9 +2,10 @@
 
 The chain `x = x + 1` a hundred times on a 256-element float32 vector, each step its own kernel (`.contiguous()`),
 run four ways in the same process: jitted with `TinyJit` (replayed through the device's graph: one native call for
-the whole chain on the CPU; also with every call's result kept, so that each replay writes a new output buffer), jitted without device graphs (`JIT=2`: one program call per kernel), un-jitted (the
-lazy graph built, scheduled and run on every call; kernels compiled once by a warm-up call), and torch eager, the
-reference, on the same chain. Times are medians per call divided by the 100 kernels.
+the whole chain on the CPU; also with every call's result kept, so that each replay writes a new output buffer),
+jitted without device graphs (`JIT=2`: one program call per kernel), un-jitted (the lazy graph built, scheduled and
+run on every call; kernels compiled once by a warm-up call), and torch eager, the reference, on the same chain.
+Times are medians per call divided by the 100 kernels.
 
 Run:  python benchmarks/dispatch.py [--kernels 100] [--size 256] [--runs 200]
 """
