@@ -2,9 +2,10 @@
 
 The chain `x = x + 1` a hundred times on a 256-element float32 vector, each step its own kernel (`.contiguous()`),
 run four ways in the same process: jitted with `TinyJit` (replayed through the device's graph: one native call for
-the whole chain on the CPU), jitted without device graphs (`JIT=2`: one program call per kernel), un-jitted (the
-lazy graph built, scheduled and run on every call; kernels compiled once by a warm-up call), and torch eager, the
-reference, on the same chain. Times are medians per call divided by the 100 kernels.
+the whole chain on the CPU; also with every call's result kept, so that each replay writes a new output buffer),
+jitted without device graphs (`JIT=2`: one program call per kernel), un-jitted (the lazy graph built, scheduled and
+run on every call; kernels compiled once by a warm-up call), and torch eager, the reference, on the same chain.
+Times are medians per call divided by the 100 kernels.
 
 Run:  python benchmarks/dispatch.py [--kernels 100] [--size 256] [--runs 200]
 """
@@ -39,6 +40,11 @@ def lazygrad_times(kernels: int, size: int, runs: int) -> dict[str, float]:
                 jitted(x)
             np.testing.assert_array_equal(jitted(x).numpy(), want)
             out[name] = bench(lambda j=jitted: j(x), runs)
+            if jit_level == 1:
+                # every result kept: each replay writes a new output buffer instead of the last call's
+                kept: list[Tensor] = []
+                out[name.replace(")", ", results kept)")] = bench(lambda j=jitted, k=kept: k.append(j(x)), runs)
+                np.testing.assert_array_equal(kept[0].numpy(), want)
     np.testing.assert_array_equal(chain(x, kernels).numpy(), want)
     out["un-jitted"] = bench(lambda: chain(x, kernels).realize(), max(runs // 20, 5))
     return out
@@ -72,13 +78,13 @@ def main() -> None:
     times = lazygrad_times(args.kernels, args.size, args.runs)
     ref = torch_time(args.kernels, args.size, args.runs)
     print(f"chain of {args.kernels} kernels on {args.size} float32 elements (CPU), median per kernel:\n")
-    print(f"| {'path':28s} | {'µs per kernel':>13s} | {'torch eager / this':>18s} |")
-    print(f"|{'-' * 30}|{'-' * 14}:|{'-' * 19}:|")
+    print(f"| {'path':36s} | {'µs per kernel':>13s} | {'torch eager / this':>18s} |")
+    print(f"|{'-' * 38}|{'-' * 14}:|{'-' * 19}:|")
     rows = list(times.items()) + ([("torch eager", ref)] if ref is not None else [])
     for name, seconds in rows:
         per = seconds / args.kernels * 1e6
         ratio = f"{ref / seconds:18.2f}" if ref is not None else f"{'-':>18s}"
-        print(f"| {name:28s} | {per:13.2f} | {ratio} |")
+        print(f"| {name:36s} | {per:13.2f} | {ratio} |")
     print(f"\n(ratio above 1: faster than torch eager; measured in {time.perf_counter() - st:.0f} s)")
 
 

@@ -4,6 +4,8 @@ un-jitted run of the same code."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -39,11 +41,54 @@ def test_replays_with_new_inputs_without_running_the_function() -> None:
     assert len(f.jit_cache) >= 2
 
 
-def test_replay_returns_the_captured_tensors_with_new_values() -> None:
+def test_replays_never_overwrite_earlier_results() -> None:
     f = TinyJit(lambda x: (x * 3).contiguous())
-    outs = [f(Tensor(np.full(5, i, np.float32))) for i in range(4)]
-    assert outs[2] is outs[3]
-    np.testing.assert_array_equal(outs[3].numpy(), np.full(5, 9, np.float32))
+    outs, arrays = [], []
+    for i in range(6):
+        out = f(Tensor(np.full(5, i, np.float32)))
+        outs.append(out)
+        arrays.append(out.numpy())  # a view of the device memory on the CPU: the result's buffer must stay its own
+    for i, (out, arr) in enumerate(zip(outs, arrays, strict=True)):
+        np.testing.assert_array_equal(out.numpy(), np.full(5, 3 * i, np.float32))
+        np.testing.assert_array_equal(arr, np.full(5, 3 * i, np.float32))
+
+
+def test_numpy_view_alone_keeps_a_result() -> None:
+    f = TinyJit(lambda x: (x + 1).contiguous())
+    arrays = [f(Tensor(np.full(3, i, np.float32))).numpy() for i in range(5)]  # the tensors are dropped at once
+    for i, arr in enumerate(arrays):
+        np.testing.assert_array_equal(arr, np.full(3, i + 1, np.float32))
+
+
+def test_replays_reuse_the_result_buffer_once_it_is_dropped() -> None:
+    f = TinyJit(lambda x: (x * 2).contiguous())
+    x = Tensor(np.ones(4, np.float32)).realize()
+    for _ in range(3):
+        f(x)
+    assert f.captured is not None and len(f.captured.outputs) == 1
+    first = weakref.ref(f.captured.outputs[0].buf)  # weak: a reference here would count as the result's reader
+    for _ in range(3):
+        f(x)  # the result is dropped at once: the next replay writes the same buffer, allocating nothing
+    assert f.captured.outputs[0].buf is first()
+    kept = f(x)
+    f(x)
+    assert f.captured.outputs[0].buf is not first()  # `kept` still reads it
+    np.testing.assert_array_equal(kept.numpy(), np.full(4, 2, np.float32))
+
+
+def test_python_number_argument_that_changes_is_refused() -> None:
+    @TinyJit
+    def f(x: Tensor, scale: float, *, mode: str = "a") -> Tensor:
+        return (x * scale).contiguous()
+
+    x = Tensor(np.ones(3, np.float32)).realize()
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x, 5.0).numpy(), np.full(3, 5, np.float32))
+    with pytest.raises(JitError, match=r"argument 1 \('scale'\) .* was 5.0 .* is 6.0"):
+        f(x, 6.0)
+    with pytest.raises(JitError, match="keyword argument 'mode'"):
+        f(x, 5.0, mode="b")
+    np.testing.assert_array_equal(f(x, 5.0).numpy(), np.full(3, 5, np.float32))
 
 
 def test_lazy_and_keyword_inputs() -> None:
@@ -165,6 +210,34 @@ def _train(jit: bool, optimizer: type, steps: int = 10) -> tuple[list[float], li
     if jit:
         assert isinstance(run, TinyJit) and run.cnt == steps and len(run.jit_cache) > 0
     return losses, [p.numpy().copy() for p in get_parameters(model)]
+
+
+def test_twenty_losses_collected_from_a_jitted_step_match_the_unjitted_sequence() -> None:
+    def losses(jit: bool) -> list[np.ndarray]:
+        Tensor.manual_seed(5)
+        model = _MLP()
+        opt = SGD(get_parameters(model), lr=0.05)
+
+        def step(x: Tensor, y: Tensor) -> Tensor:
+            with Tensor.train():
+                opt.zero_grad()
+                loss = model(x).sparse_categorical_crossentropy(y)
+                loss.backward()
+                opt.step()
+                return loss.realize()
+
+        run = TinyJit(step) if jit else step
+        rng = np.random.default_rng(2)
+        collected = []
+        for _ in range(20):
+            x = rng.standard_normal((8, 12)).astype(np.float32)
+            collected.append(run(Tensor(x), Tensor(x[:, :5].argmax(1).astype(np.int32))))
+        return [t.numpy() for t in collected]  # read only at the end: every loss tensor must still hold its value
+
+    plain, jitted = losses(False), losses(True)
+    assert len({float(v) for v in plain}) == 20
+    for a, b in zip(plain, jitted, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("optimizer", [Adam, SGD], ids=["Adam", "SGD"])
@@ -346,7 +419,11 @@ def test_backward_through_a_jitted_output_is_right_or_refused() -> None:
     out = f(Tensor(x0))  # the plain first run: an ordinary realized tensor
     out.sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), x0.T @ (x0 @ w.numpy() > 0), rtol=1e-5, atol=1e-6)
-    captured = f(Tensor(_f32(2, 4)))
-    f(Tensor(_f32(2, 4)))  # a replay writes the captured output anew, from other inputs
+    x1 = _f32(2, 4)
+    captured = f(Tensor(x1))
+    replayed = f(Tensor(_f32(2, 4)))  # the replay writes a buffer of its own: `captured` keeps its value and graph
+    w.grad = None
+    captured.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), x1.T @ (x1 @ w.numpy() > 0), rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="TinyJit replay"):
-        captured.sum().backward()
+        replayed.sum().backward()  # computed by the capture's kernels, whose graph is not the replay's

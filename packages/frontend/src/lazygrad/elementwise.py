@@ -41,16 +41,42 @@ def _int_pow(base: Tensor, exp: Tensor) -> Tensor:
 
 
 def _float_pow(base: Tensor, exp: Tensor) -> Tensor:
-    """base**exp for float tensors of one dtype and shape, with C's pow rules for signs, zeros, ones and nan."""
-    mag = (exp * base.abs().log2()).exp2()
+    """base**exp for float tensors of one dtype and shape, with C's pow rules for signs, zeros, ones and nan.
+
+    x**0 and 1**y are 1 even for nan; for x**0 the general formula runs on a base of 1, so its gradient (0, torch's)
+    doesn't come out as 0 * inf = nan from log2(0) or 0 * log2(inf)."""
+    zero_exp = exp.eq(0)
+    one = zero_exp.logical_or(base.eq(1).logical_and(exp.isfinite().logical_not()))
+    mag = (exp * zero_exp.where(1.0, base).abs().log2()).exp2()
     is_int = exp.eq(exp.trunc())
     half = exp * 0.5
     odd = is_int.logical_and(half.ne(half.trunc()))
     negative = base < 0
     out = negative.logical_and(odd).where(-mag, mag)
-    out = negative.logical_and(is_int.logical_not()).where(math.nan, out)
-    # x**0 and 1**y are 1 even for nan, and 0 * log2(0) would be nan
-    return exp.eq(0).logical_or(base.eq(1)).where(1.0, out)
+    # a negative base with a non-integer exponent is nan, and so is its gradient (a constant nan would pass 0);
+    # -inf is not: (-inf)**0.3 is inf
+    undefined = negative.logical_and(is_int.logical_not()).logical_and(base.ne(-math.inf))
+    out = out * undefined.where(math.nan, 1.0).cast(out.dtype)
+    return one.where(1.0, out)
+
+
+def _scalar_float_pow(base: Tensor, e: float) -> Tensor:
+    """base**e for a float tensor and a non-integer (or large) scalar exponent, with torch's gradient at a zero base:
+    e * 0**(e-1) (inf for 0 < e < 1, -inf for e < 0, 0 for e > 1), where the general formula's gradient is
+    0 * inf = nan. At zero bases the result is a small expression of `z`, which is 0 there with gradient 1, chosen to
+    have torch's value and gradient; elsewhere z is 1 and its gradient 0, keeping every term finite."""
+    if math.isnan(e) or e == 0 or e == 1:
+        return _float_pow(*base._broadcasted(e))
+    at_zero = base.eq(0)
+    general = _float_pow(*at_zero.where(1.0, base)._broadcasted(e))
+    z = at_zero.where(base - base.detach(), 1.0)
+    if e < 0:
+        special = z.reciprocal()  # value inf (C's 0**e), gradient -inf
+    elif e < 1:
+        special = z.sqrt() * e  # value 0, gradient inf
+    else:
+        special = z * 0.0  # value 0, gradient 0
+    return at_zero.where(special, general)
 
 
 def _erf(x: Tensor) -> Tensor:
@@ -96,6 +122,9 @@ class ElementwiseMixin:
                 raise InputError(f"integer tensors can't be raised to the negative integer power {x}; cast to float")
         if x == 0.5 and dtypes.is_float(self.dtype):
             return self.sqrt()
+        if x == 0 and dtypes.is_float(self.dtype):
+            # 1, with a gradient of 0 everywhere (infinities and nan included), as torch
+            return self.isfinite().where(self, 0.0) * 0.0 + 1.0
         base = self.cast(dtypes.int64) if dtypes.is_bool(self.dtype) else self
         if float(x).is_integer() and abs(x) <= _MAX_UNROLLED_POWER:
             # a product of the base: exact for integers, within a few ulps for floats, and the gradient of x**2 at 0
@@ -114,8 +143,7 @@ class ElementwiseMixin:
             # an uploaded exponent keeps _int_pow's bits data: a constant would fold into one long chain of MULs
             exp = type(self)([int(x)], device=self.device, dtype=dtypes.int64).reshape(()).expand(base.shape)
             return _int_pow(base, exp)
-        b, e = self._broadcasted(x)
-        return _float_pow(b, e)
+        return _scalar_float_pow(base, float(x))
 
     def __pow__(self: Tensor, x: Any) -> Tensor:
         return self.pow(x)
@@ -268,11 +296,12 @@ class ElementwiseMixin:
         """Clamp into [min_, max_] (either may be None); where min_ > max_ the result is max_, as in torch."""
         if min_ is None and max_ is None:
             raise InputError("clip needs at least one of min_ and max_")
+        # where, not maximum/minimum: at a bound the gradient passes whole to x (torch's), not split with the bound
         out = self
         if min_ is not None:
-            out = out.maximum(min_)
+            out = (out < min_).where(min_, out)
         if max_ is not None:
-            out = out.minimum(max_)
+            out = (out > max_).where(max_, out)
         return out
 
     def clamp(self: Tensor, min_: Any = None, max_: Any = None) -> Tensor:
@@ -369,8 +398,9 @@ class ElementwiseMixin:
         a, b = self._broadcasted(x)
         a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(a.dtype))
         m = a.maximum(b)
-        # equal operands (infinities included, where a - b is nan) give a + log(2)
-        return a.eq(b).where(a + math.log(2), m + (-(a - b).abs()).exp().log1p())
+        # equal operands (infinities included, where a - b is nan) give a + log(2), written symmetrically so that
+        # each gets half the gradient, as torch's exp(a - out)
+        return a.eq(b).where(a * 0.5 + b * 0.5 + math.log(2), m + (-(a - b).abs()).exp().log1p())
 
     def erf(self: Tensor) -> Tensor:
         """The Gauss error function."""

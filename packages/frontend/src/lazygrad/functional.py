@@ -533,10 +533,17 @@ class FunctionalMixin:
     ) -> Tensor:
         """Cross entropy of logits (classes on the last axis) against integer labels Y; labels equal to
         ignore_index count neither in the loss nor in the mean."""
+        if dtypes.is_float(Y.dtype) or Y.shape != self.shape[:-1]:
+            raise ValueError(
+                f"sparse_categorical_crossentropy needs integer class labels of shape {self.shape[:-1]} for logits of "
+                f"shape {self.shape}, got {Y.dtype!r} labels of shape {Y.shape}"
+            )
         logp = self.log_softmax(-1)
         c = self.shape[-1]
         keep = Y.ne(ignore_index)
-        target = Y.one_hot(c).cast(logp.dtype) if c else logp.zeros_like()
+        # ignored labels may be anything; the others must be classes (checked on the device)
+        labels = keep.where(Y, 0)._one_hot(c, "sparse_categorical_crossentropy labels") if c else None
+        target = labels.cast(logp.dtype) if labels is not None else logp.zeros_like()
         nll = -(logp * target).sum(-1)
         loss = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
         loss = keep.where(loss, 0)
@@ -553,8 +560,19 @@ class FunctionalMixin:
         axis = 1 if self.ndim > 1 else 0
         logp = self.log_softmax(axis)
         c = self.shape[axis]
+        class_shape = self.shape[:axis] + self.shape[axis + 1 :]
+        if dtypes.is_int(Y.dtype) and Y.shape != class_shape:
+            raise ValueError(
+                f"cross_entropy with class indices needs a target of shape {class_shape} for input {self.shape}, "
+                f"got {Y.shape}"
+            )
+        if not dtypes.is_int(Y.dtype) and Y.shape != self.shape:
+            raise ValueError(
+                f"cross_entropy with class probabilities needs a float target of the input's shape {self.shape}, got "
+                f"{Y.dtype!r} of shape {Y.shape}; for class indices pass an integer tensor of shape {class_shape}"
+            )
         if dtypes.is_int(Y.dtype):
-            target = Y.one_hot(c).cast(logp.dtype).movedim(-1, axis)
+            target = Y._one_hot(c, "cross_entropy target").cast(logp.dtype).movedim(-1, axis)
         else:
             target = Y.cast(logp.dtype)
         if label_smoothing:
@@ -572,7 +590,13 @@ class FunctionalMixin:
         per-class weights (the mean divides by the summed weights, as torch)."""
         axis = 1 if self.ndim > 1 else 0
         c = self.shape[axis]
-        target = Y.one_hot(c).cast(self.dtype).movedim(-1, axis)
+        class_shape = self.shape[:axis] + self.shape[axis + 1 :]
+        if Y.shape != class_shape:
+            raise ValueError(
+                f"nll_loss needs class indices of shape {class_shape} for input {self.shape}, got {Y.shape}"
+            )
+        labels = Y if ignore_index is None else Y.ne(ignore_index).where(Y, 0)
+        target = labels._one_hot(c, "nll_loss target").cast(self.dtype).movedim(-1, axis)
         w = target if weight is None else target * weight.reshape(c, *(1,) * (self.ndim - axis - 1))
         if ignore_index is not None:
             w = w * Y.ne(ignore_index).unsqueeze(axis)

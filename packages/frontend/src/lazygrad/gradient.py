@@ -65,8 +65,14 @@ def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None]:
         count = _expand(_sum(is_max, axes), shape)
         return (is_max * _recip(count) * _expand(ctx, shape),)
     if op is Ops.MUL:
-        # d(prod x)/dx_i = prod / x_i; undefined where an x_i is 0 (as in every autograd that skips the 0 special case)
-        return (_expand(ctx * ret, shape) * _recip(x),)
+        # d(prod x)/dx_i is the product of the others: prod / x_i where x_i != 0; at a zero, the product of the
+        # nonzero others if it is the only zero, else 0 (torch's); prod / x_i is 0 at the nonzeros then
+        nonzero = x.ne(_full(x, 0))
+        zeros = _expand(_sum(nonzero.where(_full(x, 0), _full(x, 1)), axes), shape)
+        nonzero_prod = _expand(UOp(Ops.REDUCE_AXIS, x.dtype, (nonzero.where(x, _full(x, 1)),), ret.arg), shape)
+        at_zero = zeros.ne(_full(x, 1)).where(_full(x, 0), nonzero_prod)
+        others = nonzero.where(_expand(ret, shape) * _recip(x), at_zero)
+        return (_expand(ctx, shape) * others,)
     raise NotImplementedError(f"no gradient for a {op} reduction")
 
 

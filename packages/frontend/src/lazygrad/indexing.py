@@ -7,8 +7,9 @@ gather and `nn.Embedding` compare with `kernel_iota`, an arange made of constant
 kernel computes from its loop index, with the (wrapped) indices stored first (`stored`): codegen then turns a read's
 reduction into one load per output (`lazygrad_codegen.selection`) instead of a loop costing the index's size times the
 indexed dimension's. Boolean indices have data-dependent shapes: they are turned into integer indices, which reads the
-mask back to the host (torch synchronizes there too). Integer indices out of range are not detected: they select
-nothing, giving 0.
+mask back to the host (torch synchronizes there too). Integer indices out of range are found on the device and raise
+IndexError at the next read (`lazygrad.index_checks`; `INDEX_CHECKS=0` turns that off, and they then select nothing,
+giving 0).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lazygrad.errors import InputError, KindError, RangeError
+from lazygrad.index_checks import record as record_index_check
 from lazygrad.movement import always_le, concrete_sizes, show_sizes, symbolic_bounds
 from lazygrad_scheduler.kernelize import view_base
 from lazygrad_uop.dtype import DType, dtypes
@@ -280,7 +282,8 @@ class IndexingMixin:
         else:
             idt = _index_dtype(m)
             flat, stride = None, 1
-            for i, n in zip(reversed(idx), reversed(sizes)):
+            for p, i, n in zip(reversed(pos), reversed(idx), reversed(sizes)):
+                record_index_check(f"indexing dimension {p} of a tensor of shape {self.shape}", i, -n, n)
                 i = i.cast(idt)
                 i = (i < 0).where(i + n, i) * stride
                 flat = i if flat is None else flat + i
@@ -399,11 +402,12 @@ class IndexingMixin:
 
     # *** gather and scatter ***
 
-    def _onehot_along(self: Tensor, n: int, selecting: bool) -> Tensor:
+    def _onehot_along(self: Tensor, n: int, selecting: bool, what: str) -> Tensor:
         """For an integer index tensor: its one-hot mask over `n` positions as a new last dimension (negative
         indices count from the end). `selecting`: the mask will be reduced over the `n` positions (a read), so it is
         built for codegen's one-hot selections (stored indices, an arange the kernel computes); a scatter reduces it
         over the index instead, where loading the arange is cheaper than computing its bits."""
+        record_index_check(what, self, -n, n)
         i = self.cast(_index_dtype(n))
         i = (i < 0).where(i + n, i)
         if selecting:
@@ -432,13 +436,13 @@ class IndexingMixin:
         x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
         # the indexed dimension last, matched against the one-hot mask's last dimension
         x = x.movedim(d, -1).unsqueeze(d)
-        return index._onehot_along(n, selecting=True)._pick(x, -1)
+        return index._onehot_along(n, selecting=True, what=f"gather along dimension {d} of size {n}")._pick(x, -1)
 
-    def _scatter_parts(self: Tensor, d: int, index: Tensor, src: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def _scatter_parts(self: Tensor, d: int, index: Tensor, src: Any, what: str) -> tuple[Tensor, Tensor, Tensor]:
         """The one-hot mask (index shape + N) of where each index element writes, the source values shaped to
         broadcast against it, and the mask moved to this tensor's layout reduced over `d`: where anything writes."""
         n = self.shape[d]
-        hits = index._onehot_along(n, selecting=False)
+        hits = index._onehot_along(n, selecting=False, what=f"{what} along dimension {d} of size {n}")
         if isinstance(src, type(self)):
             if src.ndim != self.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
                 raise InputError(f"scatter source of shape {src.shape} is smaller than the index {index.shape}")
@@ -462,7 +466,7 @@ class IndexingMixin:
             if reduce not in ("add", "multiply"):
                 raise InputError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
             return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
-        hits, vals, written = self._scatter_parts(d, index, src)
+        hits, vals, written = self._scatter_parts(d, index, src, "scatter")
         order = type(self).arange(index.shape[d], device=self.device)
         order = order.reshape(*(1,) * d, index.shape[d], *(1,) * (index.ndim - d - 1), 1)
         last = hits.where(order, -1).max(d, keepdim=True)
@@ -477,7 +481,7 @@ class IndexingMixin:
         """Combine `src` into self at `index` along `dim` with reduce "sum", "prod", "mean", "amax" or "amin", as
         torch.scatter_reduce (include_self=False leaves the existing values out where something is written)."""
         d = self._check_index_shape(dim, index, "scatter_reduce")
-        hits, vals, written = self._scatter_parts(d, index, src)
+        hits, vals, written = self._scatter_parts(d, index, src, "scatter_reduce")
         vals = vals._broadcast_to(hits.shape)
         dt = self.dtype
         if reduce in ("sum", "mean"):
@@ -558,7 +562,11 @@ class IndexingMixin:
         value + 1, which reads the values back)."""
         if not _is_int_tensor(self):
             raise KindError(f"one_hot needs an integer tensor, got {self.dtype!r}")
+        return self._one_hot(num_classes, "one_hot")
+
+    def _one_hot(self: Tensor, num_classes: int, what: str) -> Tensor:
         if num_classes == -1:
             num_classes = int(self.max().item()) + 1 if self.numel() else 0
+        record_index_check(f"{what} with {num_classes} classes", self, 0, num_classes)
         arange = type(self).arange(num_classes, dtype=self.dtype, device=self.device)
         return self.unsqueeze(-1).eq(arange).cast(dtypes.int64)

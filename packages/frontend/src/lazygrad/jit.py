@@ -8,26 +8,35 @@ no graph building, scheduling or compiling, one native call per batch of kernels
 
 Inputs are the tensors among the arguments (positional, then keyword in name order) and bound variables
 (`Variable("n", 1, 64).bind(5)`) given directly or inside the inputs' shapes; each call must pass tensors of the same
-shapes, dtypes, devices and views (`JitError` otherwise). What the function returns is returned again by every
-replay: the same tensors, whose buffers the replay overwrote. Python-side effects and values that aren't inputs
-(Python numbers, tensors created inside the function from host data, `.numpy()` results) are frozen at the
-capture: pass what changes as a tensor or a bound variable. Random numbers are not frozen: the generator's state is a
+shapes, dtypes, devices and views (`JitError` otherwise). Every replay returns new tensors: a result of an earlier
+call, and the numpy arrays read from it, keep their values. The replay writes its results into the buffers of the
+previous call's when nothing can read those any more (no tensor, graph or numpy array refers to them), else into
+new buffers, so keeping results costs an allocation and nothing else does. Python-side effects and values that
+aren't inputs (tensors created inside the function from host data, `.numpy()` results) are frozen at the capture:
+pass what changes as a tensor or a bound variable. Python numbers, strings, None and tuples or lists of them given as
+arguments are compared with the capture's: a different one raises `JitError` naming it (the capture computed with
+the old value). Random numbers are not frozen: the generator's state is a
 device tensor that a captured kernel advances, so each replay draws the next numbers (see `lazygrad.random`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+import math
+import sys
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from lazygrad import index_checks
 from lazygrad.counters import GlobalCounters
 from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
 from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
-from lazygrad_scheduler import buffer_of, is_kernelized
+from lazygrad_scheduler import attach_buffer, buffer_of, is_kernelized, new_buffer
 from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
 from lazygrad_scheduler.memory import plan_memory
 from lazygrad_uop.config import DEBUG, JIT
@@ -71,6 +80,65 @@ def _flat_tensors(x: Any) -> list[Tensor]:
     return []
 
 
+class _Slot:
+    """Where a returned tensor goes in the kept structure of a jitted function's return value."""
+
+
+def _with_tensors(x: Any, new: Iterator[Any]) -> Any:
+    """`x` with its tensors (in `_flat_tensors` order), or `_Slot`s, replaced by the next ones of `new`."""
+    if isinstance(x, (Tensor, _Slot)):
+        return next(new)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_with_tensors(v, new) for v in x)
+    if isinstance(x, dict):
+        out = {}
+        for k in sorted(x, key=str):
+            out[k] = _with_tensors(x[k], new)
+        return {k: out[k] for k in x}
+    return x
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _plain_value(v: Any) -> bool:
+    """Whether `v` is a value the capture computed with and a replay can compare: Python scalars, strings, None,
+    and tuples or lists of them."""
+    if isinstance(v, (tuple, list)):
+        return all(_plain_value(x) for x in v)
+    return isinstance(v, _PLAIN) and not isinstance(v, UOp)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def _parameter_names(fxn: Callable[..., Any]) -> list[str]:
+    """The names of `fxn`'s positional parameters (empty where Python can't tell), to name arguments in errors."""
+    try:
+        params = inspect.signature(fxn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _plain_arguments(names: list[str], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The plain (see `_plain_value`) arguments of a call, by the name that says which argument it is."""
+    out = {}
+    for i, v in enumerate(args):
+        if _plain_value(v):
+            name = names[i] if i < len(names) else None
+            out[f"argument {i}" + (f" ({name!r})" if name else "")] = v
+    for k in sorted(kwargs):
+        if _plain_value(kwargs[k]):
+            out[f"keyword argument {k!r}"] = kwargs[k]
+    return out
+
+
 def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
     """Realize the tensor inputs; their buffers, specs and the variable values they (and bound args) carry."""
     values = [*args, *(kwargs[k] for k in sorted(kwargs))]
@@ -104,12 +172,14 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[Input
     return bufs, specs, var_vals
 
 
-def _held_buffers() -> set[Buffer]:
-    """The buffers that live tensors can read: everything a tensor's graph reaches without entering a KERNEL, and
-    through realized tensors the graphs autograd keeps for them (a backward may compute those again)."""
+def _held_buffers(excluding: tuple[Tensor, ...] = ()) -> set[Buffer]:
+    """The buffers that live tensors (other than `excluding`) can read: everything a tensor's graph reaches without
+    entering a KERNEL, and through realized tensors the graphs autograd keeps for them (a backward may compute those
+    again)."""
     held: set[Buffer] = set()
     seen: set[UOp] = set()
-    stack = [t.uop for t in list(_all_tensors)]
+    skip = {id(t) for t in excluding}
+    stack = [t.uop for t in list(_all_tensors) if id(t) not in skip]
     origins = realized_graphs.mapping
     while stack:
         u = stack.pop()
@@ -157,12 +227,34 @@ class _GraphStep:
         self.graph, self.items = graph, items
 
 
+class _Result:
+    """A buffer a replay writes and returns (its tensors read it): where it sits in the captured items, the stand-in
+    for it in the returned tensors' graphs, and a weak reference to the BUFFER node of the last call's result."""
+
+    def __init__(self, buf: Buffer, slots: list[tuple[int, int]], placeholder: UOp, node: UOp) -> None:
+        self.buf, self.slots, self.placeholder = buf, slots, placeholder
+        self.node: weakref.ref[UOp] = weakref.ref(node)
+
+    def in_use(self) -> bool:
+        """Whether the last call's result can still be read: its BUFFER node lives (a tensor or graph holds it), or
+        the Buffer has references beyond the capture's own (a numpy array of it holds one). The capture's own: one
+        per slot in the items, `self.buf`, the capture's `written` set, and getrefcount's argument."""
+        return self.node() is not None or sys.getrefcount(self.buf) > len(self.slots) + 3
+
+
+def _rebuilt(template: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """`template` with its stand-ins replaced; a plain VIEW of one (the usual result) without a graph walk."""
+    if template.op is Ops.VIEW and template.src[0] in mapping:
+        return template.replace(src=(mapping[template.src[0]],))
+    return template.substitute(mapping)
+
+
 class CapturedJit:
     """A captured function: its ExecItems (memory-planned), where the input buffers sit in them, and the steps that
     replay them (device graphs or single items)."""
 
     def __init__(self, items: list[ExecItem], input_bufs: list[Buffer], var_names: set[UOp], ret: Any) -> None:
-        self.items, self.ret = items, ret
+        self.items = items
         index = {b: k for k, b in enumerate(input_bufs)}
         # (item, slot, input) for every place an input buffer is used
         self.input_slots = [(i, j, index[b]) for i, ei in enumerate(items) for j, b in enumerate(ei.bufs) if b in index]
@@ -172,6 +264,65 @@ class CapturedJit:
         self.var_items = {i for i, ei in enumerate(items) if var_names & ei.var_vals.keys()}
         self.steps: list[_GraphStep | int] = self._build_steps()
         self.last: tuple[list[Buffer], dict[UOp, int]] | None = None
+        self.checks: list[index_checks.IndexCheck] = []
+        self._track_results(ret, set(input_bufs))
+
+    def _track_results(self, ret: Any, inputs: set[Buffer]) -> None:
+        """Find the buffers the replays write and return (not inputs, not read by other live tensors, e.g. updated
+        parameters), and keep the returned tensors as graphs over stand-ins for them, so that no reference of the
+        capture keeps a call's result alive."""
+        outs = _flat_tensors(ret)
+        others = _held_buffers(excluding=tuple(outs))
+        slots: dict[Buffer, list[tuple[int, int]]] = {}
+        for i, ei in enumerate(self.items):
+            for j, b in enumerate(ei.bufs):
+                slots.setdefault(b, []).append((i, j))
+        self.outputs: list[_Result] = []
+        stand_ins: dict[UOp, UOp] = {}
+        for t in outs:
+            base = view_base(t.uop)
+            if base.op is not Ops.BUFFER or base in stand_ins:
+                continue
+            buf = buffer_of(base)
+            if buf in self.written and buf not in inputs and buf not in others and buf in slots:
+                stand_ins[base] = new_buffer(buf.device, buf.size, buf.dtype)
+                self.outputs.append(_Result(buf, slots[buf], stand_ins[base], base))
+        # a returned tensor over no result (an input, a parameter) is returned as it is; the others are rebuilt
+        self.templates: list[UOp | Tensor] = [
+            t.uop.substitute(stand_ins) if any(b in stand_ins for b in t.uop.toposort) else t for t in outs
+        ]
+        self.differentiable = {k for k, t in enumerate(outs) if realized_graphs.mapping.get(t.uop) is not None}
+        self.ret = _with_tensors(ret, iter([_Slot() for _ in outs]))
+
+    def _fresh_results(self) -> set[int]:
+        """Before a replay: a new buffer for each result the last call's outputs still need; the items that changed."""
+        changed: set[int] = set()
+        for r in self.outputs:
+            if not r.in_use():
+                continue
+            new = Buffer(r.buf.device, r.buf.size, r.buf.dtype, r.buf.options).allocate()
+            for i, j in r.slots:
+                self.items[i].bufs[j] = new
+                changed.add(i)
+            self.written.discard(r.buf)
+            self.written.add(new)
+            r.buf = new
+        return changed
+
+    def returned(self) -> Any:
+        """After a replay: the function's return value, with new tensors over this call's result buffers."""
+        mapping: dict[UOp, UOp] = {}
+        for r in self.outputs:
+            node = new_buffer(r.buf.device, r.buf.size, r.buf.dtype)
+            attach_buffer(node, r.buf)
+            r.node = weakref.ref(node)
+            mapping[r.placeholder] = node
+        tensors = [t if isinstance(t, Tensor) else Tensor(_rebuilt(t, mapping)) for t in self.templates]
+        if self.differentiable:
+            # the graph a result was computed from is the capture's: a backward through it must refuse, as through
+            # any value a replay wrote, rather than treat the result as a constant
+            realized_graphs.commit({tensors[k].uop: None for k in self.differentiable}, set())
+        return _with_tensors(self.ret, iter(tensors))
 
     def _build_steps(self) -> list[_GraphStep | int]:
         steps: list[_GraphStep | int] = []
@@ -199,9 +350,10 @@ class CapturedJit:
 
     def __call__(self, input_bufs: list[Buffer], var_vals: dict[UOp, int]) -> None:
         """Replay with `input_bufs` in place of the captured inputs and the variable values `var_vals`."""
+        # results still read get buffers of their own first, so the graphs autograd keeps for them stay valid
+        changed = self._fresh_results()
         if len(realized_graphs):
             realized_graphs.invalidate(self.written)
-        changed: set[int] = set()
         if self.last is None or any(a is not b for a, b in zip(self.last[0], input_bufs, strict=True)):
             for i, j, k in self.input_slots:
                 self.items[i].bufs[j] = input_bufs[k]
@@ -260,6 +412,7 @@ class TinyJit(Generic[R]):
 
     def __init__(self, fxn: Callable[..., R]) -> None:
         self.fxn = fxn
+        self.names = _parameter_names(fxn)
         functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
         self.reset()
 
@@ -269,6 +422,7 @@ class TinyJit(Generic[R]):
         self.captured: CapturedJit | None = None
         self.specs: list[InputSpec] | None = None
         self.var_names: set[UOp] = set()
+        self.plain: dict[str, Any] | None = None
 
     @property
     def jit_cache(self) -> list[ExecItem]:
@@ -302,25 +456,41 @@ class TinyJit(Generic[R]):
                 f"called with {sorted(v.expr for v in var_vals)}"
             )
 
+    def _check_plain(self, plain: dict[str, Any]) -> None:
+        """Python values among the arguments must be the capture's: its kernels computed with those."""
+        if self.plain is None:
+            self.plain = plain
+            return
+        for name in sorted(self.plain.keys() | plain.keys()):
+            if name not in plain or name not in self.plain or not _same_value(self.plain[name], plain[name]):
+                was, now = self.plain.get(name, "(no such argument)"), plain.get(name, "(not given)")
+                raise JitError(
+                    f"{name} of the jitted function {getattr(self.fxn, '__name__', '')!r} was {was!r} when it was "
+                    f"captured and is {now!r} now: the captured kernels compute with {was!r}. Pass a value that "
+                    "changes as a Tensor (or a bound Variable for a size), or call .reset() on the jit"
+                )
+
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if not JIT:
             return self.fxn(*args, **kwargs)
         bufs, specs, var_vals = _prepare_inputs(args, kwargs)
         self._check(specs, var_vals)
+        self._check_plain(_plain_arguments(self.names, args, kwargs))
         if self.cnt == 0:
             ret = self.fxn(*args, **kwargs)
-            if outs := _flat_tensors(ret):
-                Tensor.realize(*outs)
+            checks = _realize_with_checks(ret)
         elif self.cnt == 1:
             if len({id(b) for b in bufs}) != len(bufs):
                 raise JitError("two tensor inputs of the jitted function share a buffer; pass each as its own tensor")
+            index_checks.verify()  # checks of earlier work must not be captured with this function's
             items: list[ExecItem] = []
             with capturing(items):
                 ret = self.fxn(*args, **kwargs)
-                if outs := _flat_tensors(ret):
-                    Tensor.realize(*outs)
+                checks = _realize_with_checks(ret)
             self.captured = CapturedJit(_planned(_grouped_by_device(items), bufs), bufs, set(var_vals), ret)
             self.captured.last = (list(bufs), dict(var_vals))
+            # the captured kernels compute the index checks again on every replay, into the same buffers
+            self.captured.checks = checks
             if DEBUG >= 1:
                 steps = self.captured.steps
                 graphs = sum(isinstance(s, _GraphStep) for s in steps)
@@ -331,12 +501,24 @@ class TinyJit(Generic[R]):
         else:
             assert self.captured is not None
             self.captured(bufs, var_vals)
-            ret = self.captured.ret
+            checks = self.captured.checks
+            ret = self.captured.returned()
             if var_vals:  # only a capture with variables can have results of symbolic shape
                 for t in _flat_tensors(ret):
                     _rebind(t, var_vals)
         self.cnt += 1
+        # a jitted call's return synchronises as a read does: an index found out of range raises here
+        for c in checks:
+            c.raise_if_failed()
         return ret
+
+
+def _realize_with_checks(ret: Any) -> list[index_checks.IndexCheck]:
+    """Realize the returned tensors and the index checks the call recorded, in one schedule; the checks."""
+    checks = index_checks.take_pending()
+    if (outs := _flat_tensors(ret)) or checks:
+        Tensor.realize(*outs, *(c.worst for c in checks))
+    return checks
 
 
 def _rebind(t: Tensor, var_vals: dict[UOp, int]) -> None:

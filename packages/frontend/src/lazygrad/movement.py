@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from lazygrad.errors import InputError, RangeError, UnknownModeError
 from lazygrad_uop.dtype import dtypes, least_upper_dtype
 from lazygrad_uop.ops import Ops
@@ -20,7 +22,15 @@ if TYPE_CHECKING:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _check_axis_type(axis: Any) -> None:
+    """An axis (dimension) argument must be an int: a tensor, float or bool there is a mistake (e.g. a tensor passed
+    where `dim` goes), which comparisons would otherwise turn into a tensor or a silently truncated number."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"a dimension must be an int, got {type(axis).__name__} {axis!r}")
+
+
 def _axis(axis: int, ndim: int) -> int:
+    _check_axis_type(axis)
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise RangeError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
@@ -79,9 +89,27 @@ def _simplified(size: Any) -> Any:
     return size.ssimplify() if isinstance(size, UOp) else size
 
 
-def _tensors(first: Any, rest: Sequence[Tensor]) -> list[Tensor]:
-    """The tensors of `Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` alike."""
-    return [*first, *rest] if isinstance(first, (list, tuple)) else [first, *rest]
+def _tensors(first: Any, rest: Sequence[Any], dim: int | None, what: str) -> tuple[list[Tensor], int | None]:
+    """The tensors and dimension of `Tensor.cat(a, b)`, `a.cat(b)`, `Tensor.cat([a, b])` and torch's
+    `Tensor.cat([a, b], dim)` alike (dim None: the function takes no dimension)."""
+    from lazygrad.tensor import Tensor
+
+    if isinstance(first, (list, tuple)):
+        if rest and dim is None:
+            raise TypeError(f"{what} takes one sequence of tensors or tensors as arguments, not both")
+        if len(rest) > 1 or (rest and (isinstance(rest[0], bool) or not isinstance(rest[0], (int, np.integer)))):
+            got = ", ".join(type(r).__name__ for r in rest)
+            raise TypeError(
+                f"{what}(tensors, dim) takes one int dim after the sequence of tensors, got {got}; put every tensor "
+                "in the sequence"
+            )
+        ts, dim = list(first), (rest[0] if rest else dim)
+    else:
+        ts = [first, *rest]
+    for t in ts:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{what} joins tensors, got a {type(t).__name__}")
+    return ts, dim
 
 
 def _groups(side: str) -> list[str | list[str]]:
@@ -136,7 +164,7 @@ class MovementMixin:
 
     def cat(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
         """The tensors joined along `dim` (types promoted as in torch.cat); `Tensor.cat([a, b])` works too."""
-        ts = _tensors(self, others)
+        ts, dim = _tensors(self, others, dim, "cat")
         if not ts:
             raise InputError("cat needs at least one tensor")
         first = ts[0]
@@ -162,7 +190,7 @@ class MovementMixin:
 
     def stack(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
         """The tensors (of one shape) stacked along a new dimension `dim`; `Tensor.stack([a, b])` works too."""
-        ts = _tensors(self, others)
+        ts, dim = _tensors(self, others, dim, "stack")
         if not ts:
             raise InputError("stack needs at least one tensor")
         if any(t.shape != ts[0].shape for t in ts):
@@ -204,7 +232,7 @@ class MovementMixin:
 
     def meshgrid(self: Tensor, *others: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         """Coordinate grids of 1-d tensors, as torch.meshgrid ("ij": matrix indexing, "xy": Cartesian)."""
-        ts = _tensors(self, others)
+        ts, _ = _tensors(self, others, None, "meshgrid")
         if indexing not in ("ij", "xy"):
             raise InputError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         if indexing == "xy" and len(ts) >= 2:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lazygrad.errors import InputError, RangeError
-from lazygrad.movement import concrete_sizes
+from lazygrad.movement import _check_axis_type, concrete_sizes
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -30,6 +30,7 @@ _SCAN_DIRECT = 256  # scans up to this length reduce one triangle; longer ones a
 
 
 def _axis(axis: int, ndim: int) -> int:
+    _check_axis_type(axis)
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise RangeError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
@@ -50,7 +51,7 @@ def _same(p: Tensor, q: Tensor) -> Tensor:
     return eq.logical_or(p.isnan().logical_and(q.isnan())) if dtypes.is_float(p.dtype) else eq
 
 
-_SCAN_IDENTITY = {"sum": 0, "prod": 1}
+_SCAN_IDENTITY = {"sum": 0, "prod": 1, "logsumexp": -math.inf}
 
 
 class ReductionMixin:
@@ -188,7 +189,7 @@ class ReductionMixin:
         # what the blocks before each one contribute: an exclusive scan of the totals
         before = totals._scan_last(kind).pad(((0, 0),) * len(lead) + ((1, 0),), value=identity)
         before = before.shrink(tuple((0, d) for d in lead) + ((0, nb),)).unsqueeze(-1)
-        combined = {"sum": inner + before, "prod": inner * before}.get(kind)
+        combined = {"sum": inner + before, "prod": inner * before, "logsumexp": inner.logaddexp(before)}.get(kind)
         if combined is None:
             combined = inner.maximum(before) if kind == "max" else inner.minimum(before)
         return combined.reshape(*lead, nb * block).shrink(tuple((0, d) for d in lead) + ((0, n),))
@@ -198,12 +199,14 @@ class ReductionMixin:
             return self._reduce(Ops.ADD, axis, False)
         if kind == "prod":
             return self._reduce(Ops.MUL, axis, False)
+        if kind == "logsumexp":
+            return self.logsumexp(axis)
         return self.max(axis) if kind == "max" else self.min(axis)
 
     def _scan(self: Tensor, kind: str, axis: int) -> Tensor:
+        d = _axis(axis, self.ndim)  # a 0-d tensor takes axis 0 or -1, as in torch
         if self.ndim == 0:
             return self
-        d = _axis(axis, self.ndim)
         return self.movedim(d, -1)._scan_last(kind).movedim(-1, d)
 
     def cumsum(self: Tensor, axis: int = 0, dtype: DType | str | None = None) -> Tensor:
@@ -248,12 +251,9 @@ class ReductionMixin:
         return self._cum_extreme(axis, "min")
 
     def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
-        """log(cumsum(exp(x))) along `axis`, shifted by the max for stability."""
-        x = self.cast(least_upper_float(self.dtype))
-        if x.ndim == 0:
-            return x
-        m = x._shifted_max(_axis(axis, x.ndim))
-        return (x - m).exp().cumsum(axis).log() + m
+        """log(cumsum(exp(x))) along `axis`: a scan of logaddexp, so each prefix is shifted by its own max (one max
+        for all would underflow the prefixes far below it: [0, 100] would lose the 0)."""
+        return self.cast(least_upper_float(self.dtype))._scan("logsumexp", axis)
 
     # *** arg-extremes ***
 

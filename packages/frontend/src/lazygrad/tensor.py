@@ -8,6 +8,7 @@ import functools
 import gc
 import itertools
 import math
+import operator
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ContextDecorator, contextmanager
@@ -15,13 +16,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from lazygrad import index_checks
 from lazygrad.elementwise import ElementwiseMixin
 from lazygrad.engine import device_of_name, run_schedule
 from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.functional import FunctionalMixin
 from lazygrad.gradient import depends_on, graph_nodes, realized_graphs
 from lazygrad.indexing import IndexingMixin
-from lazygrad.movement import MovementMixin, always_le, show_sizes, symbolic_bounds
+from lazygrad.movement import MovementMixin, _check_axis_type, always_le, show_sizes, symbolic_bounds
 from lazygrad.multi import MultiDeviceError, compute_gradient_multi, device_uops, lower_multi, needs_lowering
 from lazygrad.multi import gather as gather_multi
 from lazygrad.multi import multi as multi_uop
@@ -86,6 +88,7 @@ def _device_uops(tensors: Iterable[Tensor]) -> list[UOp]:
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
+    _check_axis_type(axis)
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise RangeError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
@@ -152,10 +155,13 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             dt = dtype or from_numpy_dtype(data.dtype)
             uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data.item(), dt))
         elif isinstance(data, (bool, int, float)):
-            dt = dtype or dtypes.from_py(data)
+            dt = dtype or _int_holding(dtypes.from_py(data), data, data)
             uop = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=dev),), dtypes.as_const(data, dt))
         elif isinstance(data, (list, tuple)):
             dt = dtype or dtypes.from_py(data)
+            if dtype is None and dt == dtypes.default_int:
+                arr = np.array(data)  # int64, uint64 or object as the values need
+                dt = _int_holding(dt, arr.min(initial=0), arr.max(initial=0))
             uop = _from_numpy(np.array(data, dtype=_np_storage(dt)), dev, dt)
         elif isinstance(data, np.ndarray):
             dt = dtype or from_numpy_dtype(data.dtype)
@@ -247,24 +253,24 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         shape: Sequence[int] | int, fill_value: Any, dtype: DType | str | None = None, device: str | None = None
     ) -> Tensor:
         """A tensor of `shape` filled with `fill_value` (no memory until realized: a broadcast constant)."""
-        shape = _shape_arg(shape)
+        shape = _creation_shape(shape, "full")
         c = Tensor(fill_value, device=device, dtype=dtype)
         return c.reshape((1,) * len(shape)).expand(shape) if shape else c
 
     @staticmethod
     def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """A tensor of zeros."""
-        return Tensor.full(_shape_arg(shape), 0.0, dtype=dtype or dtypes.default_float, device=device)
+        return Tensor.full(_creation_shape(shape, "zeros"), 0.0, dtype=dtype or dtypes.default_float, device=device)
 
     @staticmethod
     def ones(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """A tensor of ones."""
-        return Tensor.full(_shape_arg(shape), 1.0, dtype=dtype or dtypes.default_float, device=device)
+        return Tensor.full(_creation_shape(shape, "ones"), 1.0, dtype=dtype or dtypes.default_float, device=device)
 
     @staticmethod
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """A tensor with memory but no defined contents."""
-        shape = _shape_arg(shape)
+        shape = _creation_shape(shape, "empty")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if isinstance(device, (tuple, list)):
             parts = tuple(Tensor.empty(*shape, dtype=dt, device=d).uop for d in device)
@@ -288,7 +294,12 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if isinstance(start, UOp) or isinstance(stop, UOp):
             return Tensor._symbolic_arange(start, stop, step, dtype, device)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+        if dtypes.is_bool(dt):
+            raise TypeError("arange can't make bool values (as torch); make an integer range and compare it")
         n = max(0, math.ceil((stop - start) / step))
+        if dtype is None and n:
+            # torch's int64 holds every value; ours is int32 while the values fit it
+            dt = _int_holding(dt, min(start, start + (n - 1) * step), max(start, start + (n - 1) * step))
         # start + i*step computed on the host as torch does, then uploaded: small and exact
         vals = start + np.arange(n, dtype=np.float64 if dtypes.is_float(dt) else np.int64) * step
         return Tensor(vals.astype(_np_storage(dt)), device=device, dtype=dt)
@@ -336,6 +347,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if steps < 0:
             raise InputError(f"linspace needs a non-negative number of steps, got {steps}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if dtypes.is_bool(dt):
+            raise TypeError("linspace can't make bool values (as torch); make a float range and compare it")
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device)
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
@@ -374,7 +387,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`, in the same schedule so they can share kernels)."""
-        Tensor._realize_all([self, *others])
+        # index checks not yet computed go along (they share the indices); they are read at the next read
+        Tensor._realize_all([self, *others, *index_checks.uncomputed()])
         return self
 
     @staticmethod
@@ -619,6 +633,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         """The values as a numpy array: a read-only view of the device memory when that is possible, else a copy."""
         if self.uop.op is Ops.MULTI:
             return self.to(self.device[0]).numpy()
+        index_checks.verify(self)  # a read synchronises: indices found out of range on the device raise here
         npdt = to_numpy_dtype(self.dtype)
         if not all(isinstance(d, int) for d in self.shape):
             # a symbolic shape is read at the values its variables are bound to
@@ -810,7 +825,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def flip(self, *axis: Any) -> Tensor:
         """Reverse the order of elements along `axis`."""
-        axes = {_normalize_axis(a, self.ndim) for a in _shape_arg(axis)}
+        axes = _unique_axes(_shape_arg(axis), self.ndim, "flip")
         return self._mop(Ops.FLIP, tuple(i in axes for i in range(self.ndim))) if axes else self
 
     def _slice_dim(self, dim: int, start: int, stop: int, step: int) -> Tensor:
@@ -1006,7 +1021,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     def minimum(self, x: Any) -> Tensor:
         """Elementwise min (NaN propagates)."""
         a, b = self._broadcasted(x)
-        if dtypes.is_unsigned(a.dtype) or dtypes.is_bool(a.dtype):
+        if not dtypes.is_float(a.dtype):
+            # integers: a comparison (-x overflows at the type's minimum)
             return (a < b).where(a, b)
         return a.neg().maximum(b.neg()).neg()
 
@@ -1122,8 +1138,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         return self.sin() / self.cos()
 
     def relu(self) -> Tensor:
-        """max(x, 0)."""
-        return self.maximum(0)
+        """max(x, 0); nan stays nan, and the gradient at 0 is 0 (torch's: it passes only where x > 0)."""
+        return (self <= 0).where(0, self)
 
     def sigmoid(self) -> Tensor:
         """1 / (1 + e**-x)."""
@@ -1168,8 +1184,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
     # *** reductions ***
 
     def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
-        axes = tuple(range(self.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
-        axes = tuple(sorted({_normalize_axis(a, self.ndim) for a in axes}))
+        axes = tuple(range(self.ndim)) if axis is None else tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        axes = tuple(sorted(_unique_axes(axes, self.ndim, "a reduction")))
         if self.ndim == 0:
             return self
         if (ret := split_reduce(self, op, axes)) is None:
@@ -1215,11 +1231,9 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """Smallest value over `axis`."""
-        if dtypes.is_bool(self.dtype):
-            return self.logical_not().max(axis, keepdim).logical_not()
-        if dtypes.is_unsigned(self.dtype):
-            top = dtypes.max(self.dtype)
-            return (top - (top - self).max(axis, keepdim)).cast(self.dtype)
+        if not dtypes.is_float(self.dtype):
+            # ~x = -1 - x maps the type's minimum to its maximum exactly (-x overflows there); bools: logical not
+            return (~(~self).max(axis, keepdim)).cast(self.dtype)
         return self.neg().max(axis, keepdim).neg()
 
     def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
@@ -1428,6 +1442,19 @@ def _detached(u: UOp) -> UOp:
 _MOVEMENT = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
 
 
+def _int_holding(dt: DType, lo: Any, hi: Any) -> DType:
+    """The inferred dtype `dt` widened so that integers in [lo, hi] keep their values: int64 (torch's integer type)
+    past int32's range; past int64's, an error rather than wrapped values."""
+    if dt != dtypes.default_int or isinstance(lo, (bool, float)) or isinstance(hi, (bool, float)):
+        return dt
+    lo, hi = int(lo), int(hi)
+    if dtypes.min(dt) <= lo and hi <= dtypes.max(dt):
+        return dt
+    if lo < dtypes.min(dtypes.int64) or hi > dtypes.max(dtypes.int64):
+        raise OverflowError(f"integer {lo if lo < 0 else hi} doesn't fit int64; pass a float dtype or smaller values")
+    return dtypes.int64
+
+
 def _np_storage(dt: DType) -> Any:
     try:
         return to_numpy_dtype(dt)
@@ -1455,7 +1482,33 @@ def _shape_arg(shape: Any) -> tuple[int, ...]:
     if isinstance(shape, int):
         shape = (shape,)
     # symbolic sizes (bound variables, see lazygrad.Variable) stay UOps
-    out = tuple(s if isinstance(s, UOp) else int(s) for s in shape)
+    return tuple(s if isinstance(s, UOp) else _int_size(s) for s in shape)
+
+
+def _int_size(s: Any) -> int:
+    """A size or dimension given as an int (numpy ints too); a float or tensor there is a mistake, not rounded."""
+    try:
+        return operator.index(s)
+    except TypeError:
+        raise TypeError(f"sizes and dimensions must be ints, got {type(s).__name__} {s!r}") from None
+
+
+def _creation_shape(shape: Any, what: str) -> tuple[int, ...]:
+    """The shape argument of a creation function: ints (or symbolic sizes), none negative."""
+    out = _shape_arg(shape)
+    if any(isinstance(s, int) and s < 0 for s in out):
+        raise ValueError(f"{what} needs non-negative sizes, got shape {out}")
+    return out
+
+
+def _unique_axes(axes: Sequence[Any], ndim: int, what: str) -> set[int]:
+    """`axes` normalized to [0, ndim), each at most once (torch rejects a dimension given twice)."""
+    out: set[int] = set()
+    for a in axes:
+        d = _normalize_axis(a, ndim)
+        if d in out:
+            raise ValueError(f"{what} got dimension {d} more than once in {tuple(axes)}; give each dimension once")
+        out.add(d)
     return out
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from lazygrad.errors import InputError, KindError
+from lazygrad.index_checks import record as record_index_check
 from lazygrad.indexing import kernel_iota, stored
 from lazygrad.nn import datasets, lr_scheduler, optim, state
 from lazygrad.tensor import Tensor
@@ -323,6 +324,7 @@ class Embedding:
             raise KindError(f"Embedding needs integer indices, got {idx.dtype!r}")
         # a one-hot matmul: differentiable with the primitives autograd knows, and fused into one reduction, which
         # codegen lowers to one load per output (the arange is computed in the kernel, the ids are stored first)
+        record_index_check(f"Embedding with {self.vocab_size} rows", idx, 0, self.vocab_size)
         arange = kernel_iota(Tensor, self.vocab_size, idx.dtype, idx.device)
         one_hot = stored(idx).unsqueeze(-1).eq(arange).cast(self.weight.dtype)
         return one_hot @ self.weight
