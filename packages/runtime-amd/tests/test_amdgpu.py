@@ -13,6 +13,7 @@ from lazygrad_amd import amdgpu_math
 from lazygrad_amd.amdgpu_compiler import EM_AMDGPU, AMDGPUCompiler, amdgpu_target_reason, find_ld_lld
 from lazygrad_amd.amdgpu_renderer import AMDGPURenderer
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 
 if (REASON := amdgpu_target_reason()) is not None:
     pytest.skip(REASON, allow_module_level=True)
@@ -114,6 +115,7 @@ def op_suite_asts() -> dict:
 @pytest.mark.parametrize("arch", ["gfx1100", "gfx942"])
 def test_every_op_suite_kernel_compiles(arch: str) -> None:
     renderer = AMDGPURenderer(arch)
+    renderer.add_tensor_cores(Device.tensor_cores_for("HIP", renderer))  # as the HIP device gets them
     link = find_ld_lld() is not None
     compiler = AMDGPUCompiler(arch, link=link)
     sources = {}

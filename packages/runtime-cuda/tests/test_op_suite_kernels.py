@@ -14,11 +14,10 @@ from cuda_helpers import ARCHS, assemble, ptxas
 
 from lazygrad_codegen import get_program
 from lazygrad_cuda.compiler import nvrtc_compile
-from lazygrad_cuda.device import registered_tensor_cores
-from lazygrad_cuda.renderer import MMA_M16N8K16_LAYOUT, CUDARenderer
-from lazygrad_uop.device import TensorCore
+from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
 Tensor = lazygrad.Tensor
@@ -97,12 +96,8 @@ def op_suite_graphs() -> Iterator[tuple[str, Callable[[], Tensor]]]:
 
 def op_suite_sources() -> dict[str, str]:
     """The CUDA source of every distinct kernel the graphs schedule into, by kernel name."""
-    # the tensor cores registered for sm_80, or (until lazygrad_cuda.tensor_cores exists) the mma.sync ones
-    tensor_cores = registered_tensor_cores("sm_80") or tuple(
-        TensorCore((8, 16, 16), 32, (8, 4, 4), dt, dtypes.float32, swizzle=MMA_M16N8K16_LAYOUT)
-        for dt in (dtypes.float16, dtypes.bfloat16)
-    )
-    renderer = CUDARenderer("sm_80", tensor_cores)
+    renderer = CUDARenderer("sm_80")
+    renderer.add_tensor_cores(Device.tensor_cores_for("CUDA", renderer))  # as the CUDA device gets them
     sources: dict[str, str] = {}
     for _name, build in op_suite_graphs():
         for si in build().schedule():

@@ -275,5 +275,6 @@ def _summary() -> None:
 
 
 def device_of_name(name: str | None) -> str:
-    """The canonical device name for `name`, or the default device."""
-    return Device.DEFAULT if name is None else Device.canonicalize(name)
+    """The canonical device name for `name`, or the default device. A name with a renderer ("CPU:C") selects that
+    renderer for the device, as `DEV=CPU:C` does."""
+    return Device.DEFAULT if name is None else Device.select(name)

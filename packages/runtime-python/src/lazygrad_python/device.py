@@ -90,6 +90,21 @@ class PythonRenderer(Renderer):
     def __reduce__(self) -> tuple[Any, ...]:
         return (PythonRenderer, (self.target,))
 
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The name of the GPU this renderer pretends to be: the registry hands it the tensor cores registered for
+        `TensorCoreSpec("PYTHON", <that name>, ...)`. None without a GPU target (kernels get no workgroups, so no
+        tensor cores)."""
+        return (self.target.name,) if self.target is not None else ()
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None for any description with a layout that a group of the interpreter's warp runs: the interpreter
+        emulates every layout, which is how it checks other devices' descriptions without their hardware."""
+        if not tc.swizzle:
+            return "the interpreter emulates tensor cores from their layout (TensorCore.swizzle), and this one has none"
+        if WARP_SIZE % tc.threads:
+            return f"it takes {tc.threads} threads, which don't divide the interpreter's {WARP_SIZE}-thread warps"
+        return None
+
     def render(self, uops: list[UOp]) -> str:
         """The program text of `uops`."""
         return render_program(uops)

@@ -370,6 +370,22 @@ class Renderer(abc.ABC):
     def render(self, uops: list[UOp]) -> str:
         """The source of the kernel whose linear program is `uops`."""
 
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The targets (`TensorCoreSpec.target`) whose registered tensor-core descriptions this renderer runs, in
+        order of preference: e.g. ("sm_86", "sm_80") for an sm_86 GPU, which also runs sm_80's instructions. The
+        registry merges the descriptions of all of them and hands them to the renderer. None by default."""
+        return ()
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None if this renderer can emit `tc` on `target`, else one line saying why not. The registry asks this of
+        every description a plugin registers and rejects, with a warning naming the plugin, those it can't emit, so
+        that a kernel never fails at render time. By default a renderer emits no tensor cores."""
+        return f"{type(self).__name__} renders no tensor cores"
+
+    def add_tensor_cores(self, tensor_cores: Sequence[TensorCore]) -> None:
+        """Use `tensor_cores` in addition to the ones this renderer already has (the registry's hand-over)."""
+        self.tensor_cores = tuple(dict.fromkeys((*self.tensor_cores, *tensor_cores)))
+
 
 @dataclass(frozen=True)
 class TensorCore:
@@ -527,10 +543,12 @@ class CompiledDevice:
         self.device, self.allocator, self.renderer, self.compiler = device, allocator, renderer, compiler
         self.runtime, self.graph = runtime, graph
 
-    def use_renderer(self, renderer: Renderer) -> None:
-        """Render this device's kernels with `renderer` from now on. Devices whose compiler depends on the renderer
-        (e.g. PTX needs an assembler rather than a C++ compiler) override this to switch the compiler too."""
+    def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
+        """Render this device's kernels with `renderer` from now on, and compile them with `compiler` when one is
+        given (a renderer plugin's `RendererSpec.compiler`: its source needs another compiler than the device's)."""
         self.renderer = renderer
+        if compiler is not None:
+            self.compiler = compiler
 
     def synchronize(self) -> None:
         """Wait for all work queued on the device. Devices that run asynchronously override this; for a

@@ -27,7 +27,7 @@ from typing import Any
 import pluggy
 
 from lazygrad_uop.config import DEV
-from lazygrad_uop.device import CompiledDevice, TensorCore
+from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
 from lazygrad_uop.plugins import NAME_PATTERN, PROJECT, DeviceSpec, LazygradSpec, RendererSpec, TensorCoreSpec
 
 # The distribution that provides each device lazygrad's authors ship, for "install this" hints.
@@ -134,7 +134,7 @@ class _Catalog:
 
     devices: dict[str, tuple[DeviceSpec, object]]  # name -> (spec, the plugin that provided it)
     renderers: tuple[RendererSpec, ...]
-    tensor_cores: tuple[TensorCoreSpec, ...]
+    tensor_cores: tuple[tuple[TensorCoreSpec, str], ...]  # (spec, the name of the plugin that registered it)
 
 
 _HOOKS = (
@@ -167,6 +167,8 @@ class DeviceRegistry:
         self._default: tuple[str, _Catalog, str] | None = None
         self._opened: dict[str, CompiledDevice] = {}
         self._renderer_in_use: dict[str, str] = {}
+        # tensor cores already reported as not emittable, so that each is reported once
+        self._rejected: set[tuple[str, TensorCore]] = set()
 
     # ---- plugins
 
@@ -326,13 +328,46 @@ class DeviceRegistry:
                     if keep is seen[0]:
                         continue
                 devices[spec.name] = (spec, plugin)
-            self._catalog = _Catalog(
-                devices,
-                tuple(spec for plugin, spec in gathered["lazygrad_renderers"] if plugin not in failed),
-                tuple(spec for plugin, spec in gathered["lazygrad_tensor_cores"] if plugin not in failed),
-            )
+            renderers = tuple(spec for plugin, spec in gathered["lazygrad_renderers"] if plugin not in failed)
+            tensor_cores = [
+                (spec, str(self._pm.get_name(plugin)))
+                for plugin, spec in gathered["lazygrad_tensor_cores"]
+                if plugin not in failed
+            ]
+            self._catalog = _Catalog(devices, renderers, self._emittable(tensor_cores, renderers))
             self._usable.clear()
             return self._catalog
+
+    def _emittable(
+        self, entries: list[tuple[TensorCoreSpec, str]], renderers: tuple[RendererSpec, ...]
+    ) -> tuple[tuple[TensorCoreSpec, str], ...]:
+        """`entries` without the descriptions their device's default renderer can't emit, each rejected with a
+        warning naming the plugin: a description that can't be rendered would make every matmul it fits fail."""
+        defaults: dict[str, Renderer | None] = {}
+        kept = []
+        for spec, plugin in entries:
+            if spec.device not in defaults:
+                maker = next((r.make for r in renderers if r.device == spec.device and r.default), None)
+                try:
+                    defaults[spec.device] = maker() if maker is not None else None
+                except Exception:  # noqa: BLE001 - a renderer that can't be made is reported when it is used
+                    defaults[spec.device] = None
+            renderer = defaults[spec.device]
+            good = []
+            for tc in spec.tensor_cores:
+                why = renderer.tensor_core_problem(tc, spec.target) if renderer is not None else None
+                if why is None:
+                    good.append(tc)
+                    continue
+                warnings.warn(
+                    f"lazygrad plugin {plugin!r}: tensor core {tc} for {spec.device} {spec.target} was rejected: {why}",
+                    LazygradPluginWarning,
+                    stacklevel=5,
+                )
+                self._rejected.add((spec.device, tc))
+            if good:
+                kept.append((TensorCoreSpec(spec.device, spec.target, tuple(good)), plugin))
+        return tuple(kept)
 
     # ---- questions
 
@@ -375,10 +410,51 @@ class DeviceRegistry:
         """The tensor cores registered for the device `name` on `target`, or on all its targets if target is None."""
         base = self.spec(name).name
         found: list[TensorCore] = []
-        for entry in self._gather().tensor_cores:
+        for entry, _ in self._gather().tensor_cores:
             if entry.device == base and target in (None, entry.target):
                 found.extend(tc for tc in entry.tensor_cores if tc not in found)
         return tuple(found)
+
+    def tensor_core_targets(self, name: str) -> tuple[str, ...]:
+        """The targets of the device `name` that plugins registered tensor cores for, in registration order."""
+        base = self.spec(name).name
+        return tuple(dict.fromkeys(entry.target for entry, _ in self._gather().tensor_cores if entry.device == base))
+
+    def tensor_cores_for(self, name: str, renderer: Renderer) -> tuple[TensorCore, ...]:
+        """The registered tensor cores that `renderer`, rendering for the device `name`, runs: the descriptions of
+        every one of its `tensor_core_targets()`, merged (a newer target's additions never hide an older target's
+        descriptions), without those it says it can't emit (each reported once, with the plugin's name)."""
+        base = self.spec(name).name
+        found: list[TensorCore] = []
+        for target in renderer.tensor_core_targets():
+            for entry, plugin in self._gather().tensor_cores:
+                if entry.device != base or entry.target != target:
+                    continue
+                for tc in entry.tensor_cores:
+                    if tc in found:
+                        continue
+                    if (why := renderer.tensor_core_problem(tc, target)) is None:
+                        found.append(tc)
+                    elif (base, tc) not in self._rejected:
+                        self._rejected.add((base, tc))
+                        warnings.warn(
+                            f"lazygrad plugin {plugin!r}: tensor core {tc} for {base} {target} is not used by "
+                            f"{type(renderer).__name__}: {why}",
+                            LazygradPluginWarning,
+                            stacklevel=3,
+                        )
+        return tuple(found)
+
+    def select(self, name: str) -> str:
+        """The canonical name of the device `name`, after switching its renderer if the name names one: "CPU:C"
+        means the same here (what the frontend's device= arguments go through) as in `DEV=CPU:C` and
+        `Device["CPU:C"]`: the CPU device renders with C from now on."""
+        parsed = DeviceName.parse(name)
+        if parsed.renderer is not None:
+            self[name]
+        return parsed.canonical
+
+    # ---- questions
 
     @property
     def DEFAULT(self) -> str:  # noqa: N802 - a constant-like name, as users write Device.DEFAULT
@@ -451,10 +527,13 @@ class DeviceRegistry:
                 self._opened[canonical] = device
                 if defaults := [r.name for r in self.renderers(spec.name) if r.default]:
                     self._renderer_in_use[canonical] = defaults[0]
+                device.renderer.add_tensor_cores(self.tensor_cores_for(spec.name, device.renderer))
             wanted = parsed.renderer or self._renderer_from_dev(spec.name)
             # A renderer, once named, stays: later lookups by the plain name (e.g. a buffer's device) keep using it.
             if wanted is not None and self._renderer_in_use.get(canonical) != wanted:
-                device.use_renderer(self._renderer_spec(spec.name, wanted).make())
+                chosen = self._renderer_spec(spec.name, wanted)
+                device.use_renderer(chosen.make(), chosen.compiler() if chosen.compiler is not None else None)
+                device.renderer.add_tensor_cores(self.tensor_cores_for(spec.name, device.renderer))
                 self._renderer_in_use[canonical] = wanted
             return device
 
