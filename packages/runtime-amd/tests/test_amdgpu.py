@@ -98,14 +98,13 @@ def test_sin_f64(host_math) -> None:
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
 
-from amd_op_suite_graphs import graphs  # noqa: E402
-
 from lazygrad_codegen import get_program  # noqa: E402
+from lazygrad_testkit.kernel_graphs import kernel_graphs  # noqa: E402
 
 
 def op_suite_asts() -> dict:
     asts: dict = {}
-    for name, build in graphs(lazygrad.Tensor):
+    for name, build in kernel_graphs():
         for si in build().schedule():
             if si.ast.op is Ops.SINK:
                 asts.setdefault(si.ast, name)

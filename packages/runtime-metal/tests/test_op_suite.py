@@ -17,9 +17,9 @@ pytest.importorskip(
 
 import metal_emulation
 from msl_check import check_msl, cxx
-from op_suite import CASES, OpCase
 
 from lazygrad_codegen import get_program
+from lazygrad_testkit.op_suite import CASES, OpCase
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
 

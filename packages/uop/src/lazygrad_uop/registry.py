@@ -16,11 +16,13 @@ that implements no hook at all (`PluginRegistrationError`) and leaves the regist
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import inspect
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -497,6 +499,32 @@ class DeviceRegistry:
                 "no lazygrad device is installed; install one, e.g. `pip install lazygrad-runtime-cpu`"
             )
         raise DeviceUnavailableError("no installed device is usable here: " + "; ".join(reasons))
+
+    @contextlib.contextmanager
+    def stand_in(self, name: str) -> Iterator[None]:
+        """For tests that run a device over a stand-in for its driver (a fake libcuda, a fake Metal): inside the
+        block the device `name` counts as usable here, whatever its own check says, and is opened afresh on first
+        use; afterwards the registry forgets the device opened inside and asks the device's check again. The
+        default device is not changed."""
+        canonical = DeviceName.parse(name).canonical
+        base = self.spec(name).name
+        with self._lock:
+            saved_usable, saved_device = self._usable.get(base), self._opened.pop(canonical, None)
+            saved_renderer = self._renderer_in_use.pop(canonical, None)
+            self._usable[base] = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._opened.pop(canonical, None)
+                self._renderer_in_use.pop(canonical, None)
+                self._usable.pop(base, None)
+                if saved_usable is not None:
+                    self._usable[base] = saved_usable
+                if saved_device is not None:
+                    self._opened[canonical] = saved_device
+                if saved_renderer is not None:
+                    self._renderer_in_use[canonical] = saved_renderer
 
     # ---- opening
 

@@ -1,0 +1,29 @@
+"""The dtype lists the conformance suite and the device packages' tests draw from."""
+
+from __future__ import annotations
+
+from lazygrad_uop.dtype import DType, dtypes
+
+FLOATS: list[DType] = [dtypes.float32, dtypes.float16, dtypes.float64]
+"""The float types every device is expected to compute in (float64 where the device has it)."""
+INTS: list[DType] = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint32]
+"""Signed and unsigned integers of each width the suite covers."""
+ALL: list[DType] = [dtypes.bool, *INTS, *FLOATS]
+"""Every dtype with a numpy counterpart that the suite covers."""
+CAST_DTYPES: list[DType] = [*ALL, dtypes.bfloat16]
+"""The dtypes casts go between: ALL and bfloat16."""
+ARITH_DTYPES: list[DType] = [
+    dtypes.float32,
+    dtypes.float16,
+    dtypes.int8,
+    dtypes.uint8,
+    dtypes.int16,
+    dtypes.uint16,
+    dtypes.int32,
+    dtypes.uint32,
+    dtypes.int64,
+    dtypes.uint64,
+]
+"""The dtypes of the op suite's elementwise arithmetic cases."""
+UNARY: tuple[str, ...] = ("exp", "log", "exp2", "log2", "sqrt", "sin", "cos", "relu", "sigmoid", "tanh", "abs", "neg")
+"""The unary Tensor methods the kernel graphs cover on each float type."""
