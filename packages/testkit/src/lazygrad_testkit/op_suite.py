@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lazygrad import Tensor, dtypes
-from lazygrad_testkit.dtypes import ARITH_DTYPES
+from lazygrad_testkit.dtypes import ARITH_DTYPES, PORTABLE_CAST_DTYPES
 from lazygrad_uop.dtype import DType, to_numpy_dtype
 
 Result = tuple[Tensor, np.ndarray, dict[str, float]]
@@ -271,18 +271,7 @@ def _edges(device: str) -> Result:
 
 # *** casts and bitcasts ***
 
-CAST_DTYPES = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.float16,
-    dtypes.float32,
-]
+CAST_DTYPES = PORTABLE_CAST_DTYPES
 
 
 def _cast(src: DType) -> Callable[[str], Result]:
