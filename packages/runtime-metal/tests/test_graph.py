@@ -1,6 +1,6 @@
 """`MetalGraph`, the METAL device's `GraphRunner`: on the stand-in for Metal (`fake_metal`, any OS) the indirect
 command buffer it encodes (selectors and arguments), what a replay sends, re-encoding on update, what it refuses,
-ownership, the JIT's use of it, and the graph contract (`graph_contract`, from lazygrad-runtime-cuda's tests); on a
+ownership, the JIT's use of it, and the graph contract (`lazygrad_testkit.graph_contract`); on a
 Mac's GPU the contract and a jitted function against numpy (those tests skip elsewhere, saying why)."""
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ What differs from the CPU's IR, and why:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 from lazygrad_amd import amdgpu_math
 from lazygrad_amd.tensor_cores import BY_INSTRUCTION, INSTRUCTION_FAMILY
@@ -126,9 +125,9 @@ class AMDGPURenderer(LLVMRenderer):
     has_local = True
     has_shared = True
     # the HSA dispatch packet holds the grid in work-items as 32-bit numbers
-    global_max: ClassVar[tuple[int, ...] | None] = (2**31 - 1, 65535, 65535)
-    local_max: ClassVar[tuple[int, ...] | None] = (1024, 1024, 1024)
-    shared_max: ClassVar[int] = 65536
+    global_max: tuple[int, ...] | None = (2**31 - 1, 65535, 65535)
+    local_max: tuple[int, ...] | None = (1024, 1024, 1024)
+    shared_max: int = 65536
 
     def __init__(self, arch: str = "gfx1100", tensor_cores: tuple[TensorCore, ...] = ()) -> None:
         self.arch = arch

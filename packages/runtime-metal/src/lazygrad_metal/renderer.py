@@ -46,19 +46,19 @@ class MetalRenderer(CStyleLanguage):
 
     device: ClassVar[str] = "METAL"
     suffix: ClassVar[str] = "METAL"
-    has_local: ClassVar[bool] = True
-    has_shared: ClassVar[bool] = True
-    supports_float4: ClassVar[bool] = True
-    global_max: ClassVar[tuple[int, ...] | None] = (2**31 - 1, 2**31 - 1, 2**31 - 1)
-    local_max: ClassVar[tuple[int, ...] | None] = (
+    has_local: bool = True
+    has_shared: bool = True
+    supports_float4: bool = True
+    global_max: tuple[int, ...] | None = (2**31 - 1, 2**31 - 1, 2**31 - 1)
+    local_max: tuple[int, ...] | None = (
         MAX_THREADS_PER_THREADGROUP,
         MAX_THREADS_PER_THREADGROUP,
         MAX_THREADS_PER_THREADGROUP,
     )
-    shared_max: ClassVar[int] = THREADGROUP_MEMORY_BYTES
-    max_workgroup_threads: ClassVar[int] = MAX_THREADS_PER_THREADGROUP
+    shared_max: int = THREADGROUP_MEMORY_BYTES
+    max_workgroup_threads: int = MAX_THREADS_PER_THREADGROUP
     # scalar arithmetic; float2/float4 only for loads and stores (each thread of an Apple GPU is scalar)
-    vector_width: ClassVar[int] = 1
+    vector_width: int = 1
 
     kernel_prefix: ClassVar[str] = "kernel "
     buffer_prefix: ClassVar[str] = "device "
@@ -86,7 +86,7 @@ class MetalRenderer(CStyleLanguage):
     code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {**CStyleLanguage.code_for_op, **OVERLOADED_MATH}
     # the memory fence a BARRIER UOp renders to: threadgroup memory is all a kernel shares between its threads
     barrier: ClassVar[str] = "threadgroup_barrier(mem_flags::mem_threadgroup);"
-    warp_size: ClassVar[int] = SIMD_WIDTH
+    warp_size: int = SIMD_WIDTH
 
     def __init__(self, tensor_cores: tuple[TensorCore, ...] = (), target: str | None = None) -> None:
         self.tensor_cores = tuple(tensor_cores)
