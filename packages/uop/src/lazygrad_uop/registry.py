@@ -23,7 +23,7 @@ import inspect
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
@@ -137,6 +137,9 @@ class _Catalog:
     devices: dict[str, tuple[DeviceSpec, object]]  # name -> (spec, the plugin that provided it)
     renderers: tuple[RendererSpec, ...]
     tensor_cores: tuple[tuple[TensorCoreSpec, str], ...]  # (spec, the name of the plugin that registered it)
+    # per device: the entries its default renderer can emit, checked on the first question about the device's tensor
+    # cores (checking needs the renderer, whose module a process that never uses the device shouldn't import)
+    emittable: dict[str, tuple[tuple[TensorCoreSpec, str], ...]] = field(default_factory=dict)
 
 
 _HOOKS = (
@@ -336,25 +339,35 @@ class DeviceRegistry:
                 for plugin, spec in gathered["lazygrad_tensor_cores"]
                 if plugin not in failed
             ]
-            self._catalog = _Catalog(devices, renderers, self._emittable(tensor_cores, renderers))
+            self._catalog = _Catalog(devices, renderers, tuple(tensor_cores))
             self._usable.clear()
             return self._catalog
 
+    def _tensor_core_entries(self, base: str) -> tuple[tuple[TensorCoreSpec, str], ...]:
+        """The tensor-core entries registered for device `base` that its default renderer can emit. The others are
+        rejected, each with a warning naming the plugin, when the device's tensor cores are first asked about:
+        a description that can't be rendered would make every matmul it fits fail."""
+        with self._lock:
+            catalog = self._gather()
+            if (kept := catalog.emittable.get(base)) is not None:
+                return kept
+            maker = next((r.make for r in catalog.renderers if r.device == base and r.default), None)
+            try:
+                renderer = maker() if maker is not None else None
+            except Exception:  # noqa: BLE001 - a renderer that can't be made is reported when the device uses it
+                renderer = None
+            catalog.emittable[base] = kept = self._emittable(
+                [(spec, plugin) for spec, plugin in catalog.tensor_cores if spec.device == base], renderer
+            )
+            return kept
+
     def _emittable(
-        self, entries: list[tuple[TensorCoreSpec, str]], renderers: tuple[RendererSpec, ...]
+        self, entries: list[tuple[TensorCoreSpec, str]], renderer: Renderer | None
     ) -> tuple[tuple[TensorCoreSpec, str], ...]:
-        """`entries` without the descriptions their device's default renderer can't emit, each rejected with a
-        warning naming the plugin: a description that can't be rendered would make every matmul it fits fail."""
-        defaults: dict[str, Renderer | None] = {}
+        """`entries` without the descriptions `renderer` can't emit, each rejected with a warning naming the plugin
+        (a device without a default renderer has nothing to check them against: they are kept)."""
         kept = []
         for spec, plugin in entries:
-            if spec.device not in defaults:
-                maker = next((r.make for r in renderers if r.device == spec.device and r.default), None)
-                try:
-                    defaults[spec.device] = maker() if maker is not None else None
-                except Exception:  # noqa: BLE001 - a renderer that can't be made is reported when it is used
-                    defaults[spec.device] = None
-            renderer = defaults[spec.device]
             good = []
             for tc in spec.tensor_cores:
                 why = renderer.tensor_core_problem(tc, spec.target) if renderer is not None else None
@@ -364,7 +377,7 @@ class DeviceRegistry:
                 warnings.warn(
                     f"lazygrad plugin {plugin!r}: tensor core {tc} for {spec.device} {spec.target} was rejected: {why}",
                     LazygradPluginWarning,
-                    stacklevel=5,
+                    stacklevel=6,
                 )
                 self._rejected.add((spec.device, tc))
             if good:
@@ -412,15 +425,15 @@ class DeviceRegistry:
         """The tensor cores registered for the device `name` on `target`, or on all its targets if target is None."""
         base = self.spec(name).name
         found: list[TensorCore] = []
-        for entry, _ in self._gather().tensor_cores:
-            if entry.device == base and target in (None, entry.target):
+        for entry, _ in self._tensor_core_entries(base):
+            if target in (None, entry.target):
                 found.extend(tc for tc in entry.tensor_cores if tc not in found)
         return tuple(found)
 
     def tensor_core_targets(self, name: str) -> tuple[str, ...]:
         """The targets of the device `name` that plugins registered tensor cores for, in registration order."""
         base = self.spec(name).name
-        return tuple(dict.fromkeys(entry.target for entry, _ in self._gather().tensor_cores if entry.device == base))
+        return tuple(dict.fromkeys(entry.target for entry, _ in self._tensor_core_entries(base)))
 
     def tensor_cores_for(self, name: str, renderer: Renderer) -> tuple[TensorCore, ...]:
         """The registered tensor cores that `renderer`, rendering for the device `name`, runs: the descriptions of
@@ -429,8 +442,8 @@ class DeviceRegistry:
         base = self.spec(name).name
         found: list[TensorCore] = []
         for target in renderer.tensor_core_targets():
-            for entry, plugin in self._gather().tensor_cores:
-                if entry.device != base or entry.target != target:
+            for entry, plugin in self._tensor_core_entries(base):
+                if entry.target != target:
                     continue
                 for tc in entry.tensor_cores:
                     if tc in found:
