@@ -94,7 +94,9 @@ class CompiledRunner:
 
 @dataclass(frozen=True)
 class BufferCopy:
-    """Copies a whole buffer to one of the same size, possibly on another device, through host memory."""
+    """Copies a whole buffer to one of the same size, possibly on another device: with the allocator's `_transfer`
+    when both buffers' allocators are of one kind that implements it (device to device, no host), else through host
+    memory."""
 
     device: str
 
