@@ -1,6 +1,7 @@
 """`CUDAGraph`, the CUDA device's `GraphRunner`: the driver calls it makes and their arguments against a stand-in
 driver (`fake_cuda`), driver failures as clear exceptions, the JIT's use of it, and the graph contract
-(`lazygrad_testkit.graph_contract`) on the stand-in and, where there is one, on a real GPU (those tests skip elsewhere, saying why).
+(`lazygrad_testkit.graph_contract`) on the stand-in and, where there is one, on a real GPU (those tests skip
+elsewhere, saying why).
 """
 
 from __future__ import annotations
