@@ -633,10 +633,12 @@ def test_a_renderer_spec_brings_its_compiler() -> None:
         pass
 
     spec = RendererSpec("FAKE", "OWN", make=lambda: NamedRenderer("own"), compiler=OtherCompiler)
-    registry = registry_with(FakePlugin("FAKE", renderers=(spec,)))
+    registry = registry_with(FakePlugin("FAKE", renderers=(spec, *renderer_specs("FAKE"))))
     plain = registry["FAKE"]
     assert type(plain.compiler) is NullCompiler
     assert registry["FAKE:OWN"].renderer.render([]) == "own" and type(plain.compiler) is OtherCompiler
+    # a renderer that brings no compiler compiles with the device's own again
+    assert registry["FAKE:MAIN"].renderer.render([]) == "main" and type(plain.compiler) is NullCompiler
 
 
 def test_select_switches_the_renderer_as_dev_does() -> None:

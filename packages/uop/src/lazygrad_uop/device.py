@@ -549,13 +549,15 @@ class CompiledDevice:
     ) -> None:
         self.device, self.allocator, self.renderer, self.compiler = device, allocator, renderer, compiler
         self.runtime, self.graph = runtime, graph
+        # the device's own compiler, which a renderer that brings none compiles with
+        self.default_compiler = compiler
 
     def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
         """Render this device's kernels with `renderer` from now on, and compile them with `compiler` when one is
-        given (a renderer plugin's `RendererSpec.compiler`: its source needs another compiler than the device's)."""
+        given (a renderer plugin's `RendererSpec.compiler`: its source needs another compiler than the device's), else
+        with the device's own compiler."""
         self.renderer = renderer
-        if compiler is not None:
-            self.compiler = compiler
+        self.compiler = compiler if compiler is not None else self.default_compiler
 
     def synchronize(self) -> None:
         """Wait for all work queued on the device. Devices that run asynchronously override this; for a
