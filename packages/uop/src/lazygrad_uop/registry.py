@@ -609,9 +609,9 @@ class DeviceRegistry:
             except importlib.metadata.PackageNotFoundError:
                 version = None
             cores: dict[str, tuple[TensorCore, ...]] = {}
-            for entry in catalog.tensor_cores:
-                if entry.device == spec.name:
-                    cores[entry.target] = cores.get(entry.target, ()) + entry.tensor_cores
+            # those the device's renderer can emit (the others are rejected, with a warning, as they'd be on use)
+            for entry, _ in self._tensor_core_entries(spec.name):
+                cores[entry.target] = cores.get(entry.target, ()) + entry.tensor_cores
             out.append(
                 DeviceInfo(
                     spec.name,
