@@ -460,6 +460,11 @@ class DeviceRegistry:
                         )
         return tuple(found)
 
+    def _hand_tensor_cores(self, base: str, device: CompiledDevice) -> None:
+        """Give the device's renderer the registered tensor cores it runs (a device without a renderer gets none)."""
+        if isinstance(device.renderer, Renderer):
+            device.renderer.add_tensor_cores(self.tensor_cores_for(base, device.renderer))
+
     def select(self, name: str) -> str:
         """The canonical name of the device `name`, after switching its renderer if the name names one: "CPU:C"
         means the same here (what the frontend's device= arguments go through) as in `DEV=CPU:C` and
@@ -568,13 +573,13 @@ class DeviceRegistry:
                 self._opened[canonical] = device
                 if defaults := [r.name for r in self.renderers(spec.name) if r.default]:
                     self._renderer_in_use[canonical] = defaults[0]
-                device.renderer.add_tensor_cores(self.tensor_cores_for(spec.name, device.renderer))
+                self._hand_tensor_cores(spec.name, device)
             wanted = parsed.renderer or self._renderer_from_dev(spec.name)
             # A renderer, once named, stays: later lookups by the plain name (e.g. a buffer's device) keep using it.
             if wanted is not None and self._renderer_in_use.get(canonical) != wanted:
                 chosen = self._renderer_spec(spec.name, wanted)
                 device.use_renderer(chosen.make(), chosen.compiler() if chosen.compiler is not None else None)
-                device.renderer.add_tensor_cores(self.tensor_cores_for(spec.name, device.renderer))
+                self._hand_tensor_cores(spec.name, device)
                 self._renderer_in_use[canonical] = wanted
             return device
 
