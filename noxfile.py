@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import tomllib
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import nox
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
+# Example plugins: installed into the whole-suite session, their tests run there (the conformance suite on them).
+EXAMPLE_PLUGINS = sorted(p.parent for p in (ROOT / "examples" / "plugin").glob("*/pyproject.toml"))
 # Test-only reference; its absence must not stop the suite (tests that need it skip).
 TORCH = "torch==2.13.0"
 
@@ -48,14 +51,28 @@ def closure(folder: str) -> list[str]:
         order.append(name)
 
     visit(folder)
+    # lazygrad packages a folder's tests need (e.g. lazygrad-testkit), with their own dependencies
+    for requirement in nox.project.dependency_groups(pyprojects()[folder], "test"):
+        if (dep := by_dist.get(_requirement_name(requirement))) is not None:
+            visit(dep)
     return order
 
 
-def install_packages(session: nox.Session, folders: list[str], tested: list[str]) -> None:
-    """Install `folders` editable in one resolver run, so their lazygrad dependencies come from this checkout and
-    never from a package index, plus the `test` dependency group of each folder in `tested`."""
-    test_deps = sorted({dep for f in tested for dep in nox.project.dependency_groups(pyprojects()[f], "test")})
+def install_packages(session: nox.Session, folders: list[str], tested: list[str], extra: Sequence[Path] = ()) -> None:
+    """Install `folders` (and the project folders `extra`) editable in one resolver run, so their lazygrad
+    dependencies come from this checkout and never from a package index, plus the `test` dependency group of each
+    folder in `tested` (less the lazygrad packages, installed from here)."""
+    ours = {data["project"]["name"] for data in pyprojects().values()}
+    test_deps = sorted(
+        {
+            dep
+            for f in tested
+            for dep in nox.project.dependency_groups(pyprojects()[f], "test")
+            if _requirement_name(dep) not in ours
+        }
+    )
     editable = [arg for f in folders for arg in ("-e", str(PACKAGES / f))]
+    editable += [arg for p in extra for arg in ("-e", str(p))]
     session.install(*find_links(session), *editable, *test_deps)
 
 
@@ -78,12 +95,20 @@ def run_pytest(session: nox.Session, *paths: str, extra: tuple[str, ...] = ()) -
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package installed together, the whole test suite."""
-    install_packages(session, list(pyprojects()), tested=list(pyprojects()))
+    """Every package and example plugin installed together, the whole test suite, and the conformance suite
+    (lazygrad-testkit) on every in-tree device usable here."""
+    install_packages(session, list(pyprojects()), tested=list(pyprojects()), extra=EXAMPLE_PLUGINS)
     session.install("pytest-xdist", "hypothesis")
     install_torch(session)
+    tests = [str(PACKAGES / f / "tests") for f in pyprojects()] + [str(p / "tests") for p in EXAMPLE_PLUGINS]
     # the slowest tests are listed at the end, to keep an eye on the suite's time
-    run_pytest(session, *(str(PACKAGES / f / "tests") for f in pyprojects()), extra=("-n", "auto", "--durations=25"))
+    run_pytest(session, *tests, extra=("-n", "auto", "--durations=25"))
+    run_pytest(session, "lazygrad_testkit", extra=("-n", "auto", "--pyargs"))
+    # the example plugins under the same suite, as a third party runs it; the system C compiler (GCC 12) has no
+    # bfloat16 in C, and half-precision math through the CPU's object loader is off (see examples/plugin/README.md)
+    for device, lacking in (("CDEV", ("bfloat16",)), ("CPU:C", ("bfloat16", "float16"))):
+        skips = [f"--lazygrad-skip-dtype={dt}" for dt in lacking]
+        run_pytest(session, "lazygrad_testkit", extra=("-n", "auto", "--pyargs", f"--lazygrad-device={device}", *skips))
 
 
 def _package_session(folder: str) -> None:

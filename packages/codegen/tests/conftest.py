@@ -1,23 +1,18 @@
 """Fixtures: builders of kernel-AST nodes (`k`) and a runner of kernels through the system C compiler (`run_cc`).
-The test folder goes on sys.path so tests can import the shared helpers (`codegen_cases`, `codegen_c`) by those
-unique names: the suite runs in importlib mode, which puts no test folder there."""
+Tests import the shared helpers (`codegen_cases`, `codegen_c`) by those unique names (pytest.ini's pythonpath)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from codegen_c import GridCRenderer, cc_available, run_c
 
 from lazygrad_codegen import CRenderer, kernel_ast
 from lazygrad_uop.uop import UOp
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from codegen_c import GridCRenderer, cc_available, run_c
 
 
 @pytest.fixture

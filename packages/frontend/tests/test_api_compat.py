@@ -7,19 +7,15 @@ edge shapes (empty cummax/cummin, unfold of size 0, reflect/replicate padding wi
 from __future__ import annotations
 
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from torch_reference import compare, rand
 
 from lazygrad import Device, Tensor, dtypes
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from torch_reference import compare, rand
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -4,16 +4,12 @@ casts with torch's type promotion; forward and backward, several shapes, a subse
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from torch_reference import compare, rand
 
 from lazygrad import Tensor, dtypes
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from torch_reference import compare, rand
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

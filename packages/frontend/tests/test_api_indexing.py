@@ -6,17 +6,13 @@ indexes: first the ints, slices and Nones (a view), then the tensor indices on t
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from torch_reference import compare, rand
 
 from lazygrad import Tensor, dtypes
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from torch_reference import compare, rand
 
 torch = pytest.importorskip("torch")
 

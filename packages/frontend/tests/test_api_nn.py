@@ -4,16 +4,11 @@ dropout, attention and losses; forward and backward, a subset on the PYTHON devi
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from torch_reference import compare, rand
 
 from lazygrad import Tensor
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from torch_reference import compare, rand
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -3,16 +3,11 @@ sort/argsort/topk, var/std, logsumexp/softmax/log_softmax, any/all/isclose, eins
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from torch_reference import compare, rand
 
 from lazygrad import Tensor, dtypes
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from torch_reference import compare, rand
 
 torch = pytest.importorskip("torch")
 

@@ -4,17 +4,14 @@ written, one download per file (then the cache), checksums enforced, and a clear
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_files import md5s, serve, write_cifar, write_mnist
 
 from lazygrad.nn import datasets
 from lazygrad.nn.datasets import DatasetDownloadError, parse_idx
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
-from dataset_files import md5s, serve, write_cifar, write_mnist
 
 
 @pytest.fixture

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 import runpy
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # the suite runs in importlib mode: no test folder is on sys.path
 from dataset_files import md5s, serve, write_mnist
 
 from lazygrad.nn import datasets

@@ -64,7 +64,7 @@ def test_tensor_cores_come_from_the_tensor_cores_module(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "lazygrad_amd.tensor_cores", fake)
     specs = plugin.lazygrad_tensor_cores()
     assert {(s.device, s.target, s.tensor_cores) for s in specs} == {
-        (device, target, tcs) for target, tcs in fake.TENSOR_CORES.items() for device in ("AMD", "HIP")
+        ("HIP", target, tcs) for target, tcs in fake.TENSOR_CORES.items()
     }
     assert all(isinstance(s, TensorCoreSpec) for s in specs)
 
@@ -84,5 +84,6 @@ def test_registered_tensor_cores_reach_the_registry() -> None:
     tc_module = pytest.importorskip("lazygrad_amd.tensor_cores")
     reg = registry()
     for target, tcs in tc_module.TENSOR_CORES.items():
-        assert reg.tensor_cores("AMD", target) == tuple(tcs)
         assert reg.tensor_cores("HIP", target) == tuple(tcs)
+        # AMD renders OpenCL C, which has no matrix instructions
+        assert reg.tensor_cores("AMD", target) == ()

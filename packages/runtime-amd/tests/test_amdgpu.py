@@ -13,6 +13,7 @@ from lazygrad_amd import amdgpu_math
 from lazygrad_amd.amdgpu_compiler import EM_AMDGPU, AMDGPUCompiler, amdgpu_target_reason, find_ld_lld
 from lazygrad_amd.amdgpu_renderer import AMDGPURenderer
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 
 if (REASON := amdgpu_target_reason()) is not None:
     pytest.skip(REASON, allow_module_level=True)
@@ -97,14 +98,13 @@ def test_sin_f64(host_math) -> None:
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
 
-from amd_op_suite_graphs import graphs  # noqa: E402
-
 from lazygrad_codegen import get_program  # noqa: E402
+from lazygrad_testkit.kernel_graphs import kernel_graphs  # noqa: E402
 
 
 def op_suite_asts() -> dict:
     asts: dict = {}
-    for name, build in graphs(lazygrad.Tensor):
+    for name, build in kernel_graphs():
         for si in build().schedule():
             if si.ast.op is Ops.SINK:
                 asts.setdefault(si.ast, name)
@@ -114,6 +114,7 @@ def op_suite_asts() -> dict:
 @pytest.mark.parametrize("arch", ["gfx1100", "gfx942"])
 def test_every_op_suite_kernel_compiles(arch: str) -> None:
     renderer = AMDGPURenderer(arch)
+    renderer.add_tensor_cores(Device.tensor_cores_for("HIP", renderer))  # as the HIP device gets them
     link = find_ld_lld() is not None
     compiler = AMDGPUCompiler(arch, link=link)
     sources = {}

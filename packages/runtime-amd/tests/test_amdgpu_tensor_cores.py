@@ -28,6 +28,7 @@ from lazygrad_amd.tensor_cores import TENSOR_CORES
 from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program
 from lazygrad_uop import DType, Ops, UOp, dtypes
 from lazygrad_uop.device import TensorCore
+from lazygrad_uop.registry import Device
 from lazygrad_uop.views import ShapeTracker
 
 if (REASON := amdgpu_target_reason()) is not None:
@@ -37,6 +38,15 @@ python_device = pytest.importorskip("lazygrad_python", reason="runs the programs
 program_text = pytest.importorskip("lazygrad_python.program_text")
 
 RNG = np.random.default_rng(11)
+
+
+def registered_renderer(arch: str) -> AMDGPURenderer:
+    """An AMDGPU renderer for `arch` with the tensor cores the registry hands it, as the HIP device gets them."""
+    renderer = AMDGPURenderer(arch)
+    renderer.add_tensor_cores(Device.tensor_cores_for("HIP", renderer))
+    return renderer
+
+
 LINK = find_ld_lld() is not None
 
 
@@ -128,7 +138,7 @@ TARGET_CORES = [(arch, tc) for arch, cores in TENSOR_CORES.items() for tc in cor
 
 @pytest.mark.parametrize(("arch", "tc"), TARGET_CORES, ids=[f"{a}-{tc.opts[0]}" for a, tc in TARGET_CORES])
 def test_every_target_compiles_its_tensor_cores_to_matrix_instructions(arch: str, tc: TensorCore) -> None:
-    renderer = AMDGPURenderer(arch)
+    renderer = registered_renderer(arch)
     assert tc in renderer.tensor_cores
     spec = get_program(matmul_ast(32, 32, 32, tc.dtype_in), renderer, [tc_opt(arch, tc)])
     assert spec.local_size[0] == tc.threads  # one wave: 32 lanes on RDNA 3, 64 on CDNA
@@ -150,7 +160,7 @@ EMULATED = [(arch, tc) for arch in ("gfx1100", "gfx942") for tc in TENSOR_CORES[
 @pytest.mark.parametrize(("arch", "tc"), EMULATED, ids=[f"{a}-{tc.dtype_in.name}" for a, tc in EMULATED])
 def test_tensor_core_programs_match_numpy_on_the_python_device(arch: str, tc: TensorCore, case: str) -> None:
     m, n, k, more, pad = CASES[case]
-    spec = get_program(matmul_ast(m, n, k, tc.dtype_in), AMDGPURenderer(arch), [tc_opt(arch, tc, pad), *more])
+    spec = get_program(matmul_ast(m, n, k, tc.dtype_in), registered_renderer(arch), [tc_opt(arch, tc, pad), *more])
     check_compiles(arch, tc, spec)
     got, want = run_on_python_device(spec, m, n, k, tc.dtype_in)
     # the emulation sums exactly and rounds once; the inputs are exact in float32
@@ -161,7 +171,7 @@ def test_tensor_core_programs_match_numpy_on_the_python_device(arch: str, tc: Te
 def test_plain_half_matmul_picks_tensor_cores_by_default(arch: str) -> None:
     tc = TENSOR_CORES[arch][0]
     m, n, k = 64, 48, 80
-    spec = get_program(matmul_ast(m, n, k, dtypes.float16), AMDGPURenderer(arch))
+    spec = get_program(matmul_ast(m, n, k, dtypes.float16), registered_renderer(arch))
     assert spec.opts[0].op is OptOps.TC
     check_compiles(arch, tc, spec)
     got, want = run_on_python_device(spec, m, n, k, dtypes.float16)
@@ -176,7 +186,7 @@ def test_frontend_matmuls_choose_tensor_cores_by_dtype(arch: str) -> None:
         a = lazygrad.Tensor.empty(64, 96, dtype=dtype, device="PYTHON")
         b = lazygrad.Tensor.empty(96, 32, dtype=dtype, device="PYTHON")
         (si,) = (a @ b).schedule()[-1:]
-        return get_program(si.ast, AMDGPURenderer(arch))
+        return get_program(si.ast, registered_renderer(arch))
 
     half = program(lazygrad.dtypes.float16)
     assert half.opts[0].op is OptOps.TC

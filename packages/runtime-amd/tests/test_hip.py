@@ -23,6 +23,7 @@ from lazygrad_amd.amdgpu_renderer import AMDGPURenderer
 from lazygrad_amd.hip import HIPBuffer, HIPDevice, HIPError, hip_reason, pack_kernargs
 from lazygrad_codegen import get_program
 from lazygrad_uop import Ops, UOp, dtypes
+from lazygrad_uop.registry import Device
 from lazygrad_uop.views import ShapeTracker
 
 CAN_LINK = amdgpu_target_reason() is None and find_ld_lld() is not None
@@ -240,7 +241,9 @@ class Compiled:
 
 def compile_for(arch: str, ast: UOp, opts: list | None = None) -> Compiled:
     compiler = AMDGPUCompiler(arch)
-    spec = get_program(ast, AMDGPURenderer(arch), opts)
+    renderer = AMDGPURenderer(arch)
+    renderer.add_tensor_cores(Device.tensor_cores_for("HIP", renderer))  # as the HIP device gets them
+    spec = get_program(ast, renderer, opts)
     args, sizes = assembly_metadata(compiler, spec.src)
     return Compiled(spec, compiler.compile(spec.src), args, sizes)
 

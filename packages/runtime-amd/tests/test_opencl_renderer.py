@@ -53,7 +53,7 @@ def opencl_c_check(ext: str) -> list[str] | None:
 
 @pytest.mark.parametrize("half_native", [False, True], ids=["half_as_bits", "cl_khr_fp16"])
 def test_every_op_suite_kernel_is_opencl_c(half_native: bool, tmp_path: Path) -> None:
-    from amd_op_suite_graphs import graphs
+    from lazygrad_testkit.kernel_graphs import kernel_graphs
 
     ext = "+cl_khr_fp16" if half_native else "-cl_khr_fp16"
     if (check := opencl_c_check(ext)) is None:
@@ -63,7 +63,7 @@ def test_every_op_suite_kernel_is_opencl_c(half_native: bool, tmp_path: Path) ->
         )
     renderer = OpenCLRenderer(half_native=half_native)
     sources: dict[str, str] = {}
-    for _, build in graphs(Tensor):
+    for _, build in kernel_graphs():
         for si in build().schedule():
             if si.ast.op is Ops.SINK:
                 spec = get_program(si.ast, renderer)

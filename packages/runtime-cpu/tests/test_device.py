@@ -16,11 +16,11 @@ from lazygrad_cpu.allocator import ALIGNMENT, CPUAllocator
 from lazygrad_cpu.compiler import LLVMCompiler
 from lazygrad_cpu.program import CPUProgram
 from lazygrad_uop.config import Context
-from lazygrad_uop.device import CompiledDevice, CompileError
+from lazygrad_uop.device import CompiledDevice, CompileError, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.plugins import DeviceSpec, hookimpl
-from lazygrad_uop.registry import DeviceRegistry
+from lazygrad_uop.plugins import DeviceSpec, TensorCoreSpec, hookimpl
+from lazygrad_uop.registry import DeviceRegistry, LazygradPluginWarning
 
 # *** plugin ***
 
@@ -246,3 +246,19 @@ def test_debug_prints_source_and_uops(cpu, k, capsys) -> None:
     with Context(DEBUG=7):
         cpu.compiler.compile(spec.src)
     assert spec.name in capsys.readouterr().out
+
+
+class _CPUTensorCores:
+    @hookimpl
+    def lazygrad_tensor_cores(self) -> list[TensorCoreSpec]:
+        tc = TensorCore((2, 2, 2), 1, (4, 4, 4), dtypes.float32, dtypes.float32)
+        return [TensorCoreSpec("CPU", "x86_64", (tc,))]
+
+
+def test_tensor_cores_registered_for_the_cpu_are_rejected_with_a_warning() -> None:
+    # the LLVM renderer has no WMMA lowering: a description for it would make matching matmuls fail to render
+    reg = _registry(plugin)
+    reg.register_plugin(_CPUTensorCores(), name="cpu-tc")
+    with pytest.warns(LazygradPluginWarning, match="'cpu-tc': tensor core .* CPURenderer renders no tensor cores"):
+        assert reg.tensor_cores("CPU") == ()
+    assert reg["CPU"].renderer.tensor_cores == ()

@@ -6,22 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lazygrad_testkit.dtypes import ALL_INTS
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 
 N = 37  # not a multiple of any vector width, so the vectorised loops' remainders run too
 RNG = np.random.default_rng(1234)
 
-INT_DTYPES = [
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-]
+INT_DTYPES = ALL_INTS
 FLOAT_DTYPES = [dtypes.float16, dtypes.float32, dtypes.float64]
 
 

@@ -1,12 +1,6 @@
-"""Makes the shared helpers of these tests (`cuda_helpers`) importable (the suite runs in importlib mode, which puts no
-test folder on sys.path), and gives the `gpu` fixture: a real GPU opened, or a skip saying why there is none."""
-
-import sys
-from pathlib import Path
+"""The `gpu` fixture: a real GPU opened, or a skip saying why there is none."""
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

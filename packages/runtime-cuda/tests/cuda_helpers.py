@@ -11,27 +11,12 @@ from pathlib import Path
 
 from lazygrad_cuda.compiler import NVRTCOutput, nvrtc_compile, nvrtc_version
 from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, MMA_M16N8K16_LAYOUT
+from lazygrad_testkit.dtypes import SCALARS  # noqa: F401 - the scalar types the tests import from here
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 ARCHS = ("sm_80", "sm_90")
-# every scalar dtype CUDA kernels handle (fp8 is storage only)
-SCALARS = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-    dtypes.float16,
-    dtypes.bfloat16,
-    dtypes.float32,
-    dtypes.float64,
-]
 
 
 @functools.cache

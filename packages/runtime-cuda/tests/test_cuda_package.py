@@ -8,13 +8,24 @@ import types
 
 import pytest
 
+from lazygrad_codegen import Opt, OptOps, get_program, kernel_ast
 from lazygrad_cuda import plugin
-from lazygrad_cuda.device import registered_tensor_cores
-from lazygrad_cuda.renderer import CUDARenderer
+from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, CUDARenderer
+from lazygrad_cuda.tensor_cores import TENSOR_CORES
 from lazygrad_uop.device import CompiledDevice, TensorCore
 from lazygrad_uop.dtype import dtypes
-from lazygrad_uop.plugins import DeviceSpec, hookimpl
-from lazygrad_uop.registry import DeviceRegistry, DeviceUnavailableError
+from lazygrad_uop.plugins import DeviceSpec, TensorCoreSpec, hookimpl
+from lazygrad_uop.registry import DeviceRegistry, DeviceUnavailableError, LazygradPluginWarning
+
+
+def _nvrtc() -> bool:
+    try:
+        from lazygrad_cuda.compiler import nvrtc_version
+
+        nvrtc_version()
+    except Exception:  # noqa: BLE001 - any failure means no usable NVRTC here
+        return False
+    return True
 
 
 def _registry(*plugins: object) -> DeviceRegistry:
@@ -97,11 +108,60 @@ def test_tensor_cores_come_from_the_tensor_cores_module(monkeypatch: pytest.Monk
     assert sorted(s.target for s in specs) == ["sm_80", "sm_90"] and all(s.device == "CUDA" for s in specs)
     registry = _registry(plugin)
     assert registry.tensor_cores("CUDA", "sm_80") == (TC,)
-    monkeypatch.setattr("lazygrad_uop.registry.Device", registry)
     # an sm_86 GPU uses sm_80's tensor cores, an sm_75 one none
-    assert registered_tensor_cores("sm_86") == (TC,) and registered_tensor_cores("sm_75") == ()
+    assert registry.tensor_cores_for("CUDA", CUDARenderer("sm_86")) == (TC,)
+    assert registry.tensor_cores_for("CUDA", CUDARenderer("sm_75")) == ()
 
 
 def test_no_tensor_cores_module_registers_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "lazygrad_cuda.tensor_cores", None)  # as if the module did not exist
     assert plugin.lazygrad_tensor_cores() == []
+
+
+class _TensorCores:
+    """A plugin that only registers tensor-core descriptions for CUDA."""
+
+    def __init__(self, target: str, *tcs: TensorCore) -> None:
+        self.target, self.tcs = target, tcs
+
+    @hookimpl
+    def lazygrad_tensor_cores(self) -> list[TensorCoreSpec]:
+        return [TensorCoreSpec("CUDA", self.target, self.tcs)]
+
+
+# mma.sync.m16n8k8 with bf16 inputs, which the built-in descriptions leave out
+BF16_K8 = TensorCore((8, 16, 8), 32, (4, 2, 4), dtypes.bfloat16, dtypes.float32, swizzle=MMA_M16N8K8_LAYOUT)
+
+
+def test_sm86_additions_keep_the_sm80_builtins() -> None:
+    registry = _registry(plugin, _TensorCores("sm_86", BF16_K8))
+    handed = registry.tensor_cores_for("CUDA", CUDARenderer("sm_86"))
+    assert handed == (BF16_K8, *TENSOR_CORES["sm_80"])
+    # an sm_80 GPU doesn't get sm_86's addition
+    assert registry.tensor_cores_for("CUDA", CUDARenderer("sm_80")) == TENSOR_CORES["sm_80"]
+
+
+def test_a_description_the_renderer_cannot_emit_is_rejected_at_registration() -> None:
+    f32 = TensorCore((8, 8, 8), 32, (2, 2, 2), dtypes.float32, dtypes.float32)
+    registry = _registry(plugin)
+    registry.register_plugin(_TensorCores("sm_90", f32), name="fp32-tensor-cores")
+    with pytest.warns(LazygradPluginWarning, match=r"'fp32-tensor-cores': tensor core WMMA_8_8_8_float_float .*mma"):
+        assert registry.tensor_cores("CUDA", "sm_90") == TENSOR_CORES["sm_90"]
+    renderer = CUDARenderer("sm_90")
+    renderer.add_tensor_cores(registry.tensor_cores_for("CUDA", renderer))
+    # a float32 matmul, which the rejected description would have matched, renders (before: NotImplementedError)
+    src = get_program(kernel_ast.matmul(32, 32, 32, dtypes.float32), renderer).src
+    assert "mma.sync" not in src
+
+
+@pytest.mark.skipif(not _nvrtc(), reason="needs NVRTC to compile the kernel")
+def test_an_added_tensor_core_compiles_for_the_gpu_it_was_added_for() -> None:
+    from lazygrad_cuda.compiler import nvrtc_compile
+
+    registry = _registry(plugin, _TensorCores("sm_86", BF16_K8))
+    renderer = CUDARenderer("sm_86")
+    renderer.add_tensor_cores(registry.tensor_cores_for("CUDA", renderer))
+    opt = Opt(OptOps.TC, 0, (renderer.tensor_cores.index(BF16_K8), 0))
+    spec = get_program(kernel_ast.matmul(32, 32, 32, dtypes.bfloat16), renderer, [opt])
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32" in spec.src
+    nvrtc_compile(spec.src, "sm_86", spec.name)

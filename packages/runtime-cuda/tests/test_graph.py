@@ -1,6 +1,7 @@
 """`CUDAGraph`, the CUDA device's `GraphRunner`: the driver calls it makes and their arguments against a stand-in
 driver (`fake_cuda`), driver failures as clear exceptions, the JIT's use of it, and the graph contract
-(`graph_contract`) on the stand-in and, where there is one, on a real GPU (those tests skip elsewhere, saying why).
+(`lazygrad_testkit.graph_contract`) on the stand-in and, where there is one, on a real GPU (those tests skip
+elsewhere, saying why).
 """
 
 from __future__ import annotations
@@ -13,10 +14,17 @@ import numpy as np
 import pytest
 from cuda.bindings import driver as real_driver
 from fake_cuda import FakeDriver, FakeKernel, driver_missing, install
-from graph_contract import CHECKS, GraphHarness, add_kernel_uops, check_jit_replays_through_the_graph, host_add
 
 from lazygrad_cuda import device, graph
 from lazygrad_cuda.errors import CUDAError
+from lazygrad_testkit.graph_contract import (
+    CHECKS,
+    GraphHarness,
+    add_kernel_uops,
+    check_jit_replays_through_the_graph,
+    host_add,
+)
+from lazygrad_testkit.registry import stand_in
 from lazygrad_uop.device import GraphError, KernelLaunch
 
 no_driver = pytest.mark.skipif(
@@ -217,12 +225,9 @@ def lazygrad_on_the_stand_in(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) 
     from lazygrad_uop.registry import Device
 
     assert Device.DEFAULT  # chosen before CUDA looks usable, so it stays what it was
-    for attr in ("_usable", "_opened", "_renderer_in_use"):
-        monkeypatch.setattr(Device, attr, dict(getattr(Device, attr)))
-    Device._usable["CUDA"] = None
     runners = dict(engine._runners)
-    yield lazygrad
-    Device._opened.pop("CUDA", None)
+    with stand_in("CUDA"):
+        yield lazygrad
     engine._runners.clear()
     engine._runners.update(runners)
 

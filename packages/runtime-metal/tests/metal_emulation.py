@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lazygrad_metal.plugin import metal_tensor_cores
+from lazygrad_metal.plugin import TENSOR_CORE_TARGET
 from lazygrad_metal.renderer import MetalRenderer
 from lazygrad_python import PythonCompiler, PythonProgram, PythonRenderer
 from lazygrad_python.device import PythonAllocator
 from lazygrad_uop.device import CompiledDevice, Renderer
 from lazygrad_uop.plugins import DeviceSpec, hookimpl
+from lazygrad_uop.registry import Device
 
 NAME = "METALEMU"
 
@@ -28,9 +29,16 @@ def metal_limits_renderer(metal: MetalRenderer) -> PythonRenderer:
     return type("MetalLimitsPythonRenderer", (PythonRenderer,), attrs)()
 
 
+def registered_metal_renderer() -> MetalRenderer:
+    """The MSL renderer with the tensor cores the registry hands it, as the METAL device gets them."""
+    metal = MetalRenderer(target=TENSOR_CORE_TARGET)
+    metal.add_tensor_cores(Device.tensor_cores_for("METAL", metal))
+    return metal
+
+
 def open_emulation(name: str) -> CompiledDevice:
     """The METALEMU device: PYTHON's allocator, compiler and interpreter, lowering with Metal's limits."""
-    renderer = metal_limits_renderer(MetalRenderer(metal_tensor_cores()))
+    renderer = metal_limits_renderer(registered_metal_renderer())
     return CompiledDevice(name, PythonAllocator(), renderer, PythonCompiler(), PythonProgram)
 
 

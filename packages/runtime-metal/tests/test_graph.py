@@ -1,6 +1,6 @@
 """`MetalGraph`, the METAL device's `GraphRunner`: on the stand-in for Metal (`fake_metal`, any OS) the indirect
 command buffer it encodes (selectors and arguments), what a replay sends, re-encoding on update, what it refuses,
-ownership, the JIT's use of it, and the graph contract (`graph_contract`, from lazygrad-runtime-cuda's tests); on a
+ownership, the JIT's use of it, and the graph contract (`lazygrad_testkit.graph_contract`); on a
 Mac's GPU the contract and a jitted function against numpy (those tests skip elsewhere, saying why)."""
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_metal import FakeMetal
-from graph_contract import CHECKS, GraphHarness, add_kernel_uops, check_jit_replays_through_the_graph, host_add
 
 from lazygrad_metal import graph as metal_graph
 from lazygrad_metal import plugin
 from lazygrad_metal.device import MetalDevice
 from lazygrad_metal.graph import VALUE_SLOT_BYTES, MetalGraph
+from lazygrad_testkit.graph_contract import (
+    CHECKS,
+    GraphHarness,
+    add_kernel_uops,
+    check_jit_replays_through_the_graph,
+    host_add,
+)
+from lazygrad_testkit.registry import stand_in
 from lazygrad_uop.device import CompiledDevice, GraphError, KernelLaunch
 
 KERNEL = """#include <metal_stdlib>
@@ -249,12 +256,9 @@ def lazygrad_on_the_stand_in(fake: FakeMetal, monkeypatch: pytest.MonkeyPatch) -
     from lazygrad_uop.registry import Device
 
     assert Device.DEFAULT  # chosen before METAL looks usable, so it stays what it was
-    for attr in ("_usable", "_opened", "_renderer_in_use"):
-        monkeypatch.setattr(Device, attr, dict(getattr(Device, attr)))
-    Device._usable["METAL"] = None
     runners = dict(engine._runners)
-    yield lazygrad
-    Device._opened.pop("METAL", None)
+    with stand_in("METAL"):
+        yield lazygrad
     engine._runners.clear()
     engine._runners.update(runners)
 

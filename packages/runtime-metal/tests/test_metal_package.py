@@ -14,13 +14,14 @@ import pytest
 from lazygrad_metal import plugin
 from lazygrad_metal.objc import ObjCError
 from lazygrad_metal.renderer import MetalRenderer
+from lazygrad_metal.tensor_cores import SIMDGROUP_LAYOUT
 from lazygrad_uop.device import CompiledDevice, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.plugins import TensorCoreSpec
 from lazygrad_uop.registry import DeviceRegistry, DeviceUnavailableError
 
-TC = TensorCore((8, 8, 8), 32, (2, 2, 2), dtypes.float16, dtypes.float32)
-TC9 = TensorCore((8, 8, 8), 32, (2, 2, 2), dtypes.bfloat16, dtypes.float32)
+TC = TensorCore((8, 8, 8), 32, (2, 2, 2), dtypes.float16, dtypes.float32, swizzle=SIMDGROUP_LAYOUT)
+TC9 = TensorCore((8, 8, 8), 32, (2, 2, 2), dtypes.bfloat16, dtypes.float32, swizzle=SIMDGROUP_LAYOUT)
 
 
 def registry() -> DeviceRegistry:
@@ -71,7 +72,6 @@ def test_msl_is_the_default_renderer() -> None:
 def test_no_tensor_cores_without_their_module(monkeypatch: pytest.MonkeyPatch) -> None:
     # None in sys.modules makes the import fail as if the module did not exist
     monkeypatch.setitem(sys.modules, plugin.TENSOR_CORES_MODULE, None)
-    assert plugin.metal_tensor_cores() == ()
     assert plugin.lazygrad_tensor_cores() == []
     assert registry().tensor_cores("METAL") == ()
     assert plugin.make_renderer().tensor_cores == ()
@@ -88,8 +88,9 @@ def test_tensor_cores_come_from_their_module(monkeypatch: pytest.MonkeyPatch, pe
     assert reg.tensor_cores("METAL", "apple7") == (TC,)
     assert reg.tensor_cores("METAL") == ((TC, TC9) if per_target else (TC,))
     assert reg.tensor_cores("METAL", "sm_80") == ()
-    assert plugin.make_renderer().tensor_cores == (TC,)
-    assert plugin.metal_tensor_cores("apple9") == ((TC, TC9) if per_target else ())
+    # the registry hands a renderer the descriptions of its target
+    assert reg.tensor_cores_for("METAL", plugin.make_renderer()) == (TC,)
+    assert reg.tensor_cores_for("METAL", MetalRenderer(target="apple9")) == ((TC, TC9) if per_target else ())
 
 
 def test_the_real_descriptions_are_registered_and_valid() -> None:
@@ -97,7 +98,7 @@ def test_the_real_descriptions_are_registered_and_valid() -> None:
         pytest.skip("lazygrad_metal.tensor_cores is not written yet")
     tcs = registry().tensor_cores("METAL", plugin.TENSOR_CORE_TARGET)
     assert tcs and all(tc.dims == (8, 8, 8) and tc.threads == 32 for tc in tcs)
-    assert plugin.make_renderer().tensor_cores == tcs
+    assert registry().tensor_cores_for("METAL", plugin.make_renderer()) == tcs
 
 
 def test_a_broken_tensor_core_module_is_not_mistaken_for_a_missing_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,4 +107,4 @@ def test_a_broken_tensor_core_module_is_not_mistaken_for_a_missing_one(monkeypat
 
     monkeypatch.setattr(importlib, "import_module", broken)
     with pytest.raises(ModuleNotFoundError, match="something_it_needs"):
-        plugin.metal_tensor_cores()
+        plugin.all_tensor_cores()

@@ -17,11 +17,9 @@ pytest.importorskip(
 
 import metal_emulation
 from msl_check import check_msl, cxx
-from op_suite import CASES, OpCase
 
 from lazygrad_codegen import get_program
-from lazygrad_metal.plugin import metal_tensor_cores
-from lazygrad_metal.renderer import MetalRenderer
+from lazygrad_testkit.op_suite import CASES, OpCase
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
 
@@ -50,7 +48,7 @@ def test_kernel_is_valid_msl_and_runs_with_metal_limits(
     out, ref, tol = case.build(emulation)
     kernels = [si.ast for si in out.schedule() if si.ast.op is Ops.SINK]
     assert kernels, f"{case.name} scheduled no kernel"
-    metal, emulated = MetalRenderer(metal_tensor_cores()), Device[emulation].renderer
+    metal, emulated = metal_emulation.registered_metal_renderer(), Device[emulation].renderer
     sources = []
     for ast in kernels:
         spec = get_program(ast, metal)

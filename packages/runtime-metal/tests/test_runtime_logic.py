@@ -15,6 +15,7 @@ from lazygrad_metal.device import MetalBuffer, MetalDevice, MetalError, gpu_fami
 from lazygrad_metal.plugin import all_tensor_cores
 from lazygrad_metal.renderer import MetalRenderer
 from lazygrad_uop.device import CompileError
+from lazygrad_uop.registry import Device
 
 KERNEL = """#include <metal_stdlib>
 using namespace metal;
@@ -45,7 +46,7 @@ def test_device_opens_with_a_queue_and_tensor_cores_where_the_gpu_has_simdgroup_
     # the newest family with tensor-core descriptions that the GPU (an M1 here) supports
     tcs = all_tensor_cores()
     assert dev.target == ("apple7" if "apple7" in tcs else None)
-    assert dev.renderer.tensor_cores == tcs.get("apple7", ())
+    assert Device.tensor_cores_for("METAL", dev.renderer) == tcs.get("apple7", ())
     assert repr(dev) == "<MetalDevice METAL (Fake GPU)>"
     assert not fake.owned("NSString")
 

@@ -121,7 +121,7 @@ def test_a_threadgroup_too_large_is_refused(dev) -> None:
 
 def test_op_suite_on_the_gpu() -> None:
     pytest.importorskip("lazygrad", reason="the op suite builds Tensor graphs with the lazygrad frontend")
-    from op_suite import CASES
+    from lazygrad_testkit.op_suite import CASES
 
     failures = []
     for case in CASES:

@@ -15,20 +15,12 @@ from hypothesis import strategies as st
 from pyinterp_helpers import bf16_round, compile_program, elementwise, run
 
 from lazygrad_python import PythonProgram
+from lazygrad_testkit.dtypes import ALL_INTS
 from lazygrad_uop import DType, Ops, dtypes
 from lazygrad_uop.dtype import to_numpy_dtype
 
 N = 24
-INTS = [
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-]
+INTS = ALL_INTS
 FLOATS = [dtypes.float16, dtypes.float32, dtypes.float64]
 
 

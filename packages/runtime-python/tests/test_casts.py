@@ -14,24 +14,12 @@ from pyinterp_helpers import bf16_round, compile_program, const, elementwise, en
 
 from lazygrad_python import PythonProgram
 from lazygrad_python.numerics import FLOAT_ROUNDERS, decode, encode
+from lazygrad_testkit.dtypes import NUMPY_SCALARS
 from lazygrad_uop import DType, Ops, UOp, dtypes
 from lazygrad_uop.dtype import to_numpy_dtype
 
 N = 16
-NUMPY_DTYPES = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-    dtypes.float16,
-    dtypes.float32,
-    dtypes.float64,
-]
+NUMPY_DTYPES = NUMPY_SCALARS
 
 
 def values(dt: DType) -> st.SearchStrategy[np.ndarray]:

@@ -4,7 +4,6 @@ for several shapes, some of which need padding, and with more opts around the te
 
 from __future__ import annotations
 
-import importlib
 import random
 from typing import Any
 
@@ -16,25 +15,22 @@ from lazygrad_python.program_text import arg_text
 from lazygrad_python.tensor_cores import TensorCoreLayoutError, wmma_function
 from lazygrad_uop import DType, Ops, UOp, dtypes
 from lazygrad_uop.device import TensorCore
+from lazygrad_uop.plugins import RendererSpec, TensorCoreSpec, hookimpl
+from lazygrad_uop.registry import Device, DeviceRegistry
 
 codegen = pytest.importorskip("lazygrad_codegen")
 views = pytest.importorskip("lazygrad_uop.views")
 
 RNG = np.random.default_rng(5)
-PACKAGES = ("lazygrad_cuda", "lazygrad_amd", "lazygrad_metal")
 
 
 def _descriptions() -> list[tuple[str, TensorCore]]:
-    """(target, description) for every distinct description of every device package that is installed."""
+    """(device-target, description) for every distinct description the installed plugins registered."""
     found: dict[TensorCore, str] = {}
-    for package in PACKAGES:
-        try:
-            module = importlib.import_module(f"{package}.tensor_cores")
-        except ImportError:
-            continue
-        for target, cores in module.TENSOR_CORES.items():
-            for tc in cores:
-                found.setdefault(tc, f"{package.removeprefix('lazygrad_')}-{target}")
+    for device in Device.installed():
+        for target in Device.tensor_core_targets(device):
+            for tc in Device.tensor_cores(device, target):
+                found.setdefault(tc, f"{device.lower()}-{target}")
     return [(target, tc) for tc, target in found.items()]
 
 
@@ -84,9 +80,18 @@ def _decode(raw: bytes, dtype: DType) -> np.ndarray:
     return np.frombuffer(raw, {dtypes.float16: np.float16, dtypes.float32: np.float32}[dtype]).astype(np.float64)
 
 
-def _run(tc: TensorCore, m: int, n: int, k: int, opts: list[Any], target: GPUTarget | None = None) -> Any:
-    """Compile the matmul with `opts` for a GPU with `tc`, run it, check it against numpy; returns the spec."""
-    renderer = PythonRenderer(target or GPUTarget(tensor_cores=(tc,)))
+def _run(
+    tc: TensorCore,
+    m: int,
+    n: int,
+    k: int,
+    opts: list[Any] | None,
+    target: GPUTarget | None = None,
+    renderer: PythonRenderer | None = None,
+) -> Any:
+    """Compile the matmul with `opts` (None: codegen's choice) for a GPU with `tc`, run it, check it against numpy;
+    returns the spec."""
+    renderer = renderer or PythonRenderer(target or GPUTarget(tensor_cores=(tc,)))
     ast = _matmul_ast(m, n, k, tc)
     spec = codegen.get_program(ast, renderer, opts)
     a_raw, a = _encode(RNG.standard_normal((m, k)), tc.dtype_in)
@@ -250,3 +255,49 @@ def test_layouts_that_do_not_cover_the_matrix_are_refused() -> None:
     )
     with pytest.raises(TensorCoreLayoutError, match="does not cover"):
         wmma_function(arg)
+
+
+class _EmulatedGPU:
+    """A renderer plugin for PYTHON: the interpreter pretending to be a GPU named EMU, with no tensor cores of its
+    own."""
+
+    @hookimpl
+    def lazygrad_renderers(self) -> list[RendererSpec]:
+        return [RendererSpec("PYTHON", "EMU", make=lambda: PythonRenderer(GPUTarget("EMU")))]
+
+
+class _TensorCoresFor:
+    """A plugin that only registers tensor-core descriptions."""
+
+    def __init__(self, *specs: TensorCoreSpec) -> None:
+        self.specs = specs
+
+    @hookimpl
+    def lazygrad_tensor_cores(self) -> list[TensorCoreSpec]:
+        return list(self.specs)
+
+
+def test_a_tensor_core_plugin_reaches_the_python_device() -> None:
+    from lazygrad_python import plugin
+
+    _, tc = DESCRIPTIONS[0]
+    registry = DeviceRegistry(group="lazygrad_tests_no_entry_points")
+    for p in (plugin, _EmulatedGPU(), _TensorCoresFor(TensorCoreSpec("PYTHON", "EMU", (tc,)))):
+        registry.register_plugin(p)
+    renderer = registry["PYTHON:EMU"].renderer
+    assert isinstance(renderer, PythonRenderer) and renderer.tensor_cores == (tc,)
+    n, m, k = tc.dims
+    # codegen's own choice uses the handed-over tensor core, and the interpreter's result matches numpy
+    spec = _run(tc, 2 * m, 2 * n, 2 * k, None, renderer=renderer)
+    assert spec.opts[0].op is codegen.OptOps.TC and _wmma_count(spec) >= 1
+
+
+def test_the_python_device_rejects_a_description_without_a_layout() -> None:
+    from lazygrad_python import plugin
+
+    bare = TensorCore((8, 16, 16), 32, (8, 4, 4), dtypes.float16, dtypes.float32)
+    registry = DeviceRegistry(group="lazygrad_tests_no_entry_points")
+    registry.register_plugin(plugin)
+    registry.register_plugin(_TensorCoresFor(TensorCoreSpec("PYTHON", "EMU", (bare,))), name="bare-tc")
+    with pytest.warns(UserWarning, match="'bare-tc': tensor core .* emulates tensor cores from their layout"):
+        assert registry.tensor_cores("PYTHON") == ()

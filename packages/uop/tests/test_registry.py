@@ -424,6 +424,9 @@ GOOD_PLUGIN = """
         def render(self, uops):
             return "kernel"
 
+        def tensor_core_problem(self, tc, target):
+            return None
+
 
     class Identity(Compiler):
         def compile(self, src):
@@ -549,3 +552,97 @@ def test_plugins_installed_with_pip_are_found_without_importing_them_by_name(tmp
         "broken on purpose"
     ]
     assert not any(re.search("throwaway_good|THROWAWAY", w) for w in result["warnings"])
+
+
+# ---- one route for tensor cores
+
+
+class PickyRenderer(Renderer):
+    """A renderer that emits only float16 tensor cores, and runs the descriptions of its target and older ones."""
+
+    def __init__(self, targets: tuple[str, ...] = ("v2", "v1")) -> None:
+        self.targets = targets
+
+    def render(self, uops: list[Any]) -> str:
+        return "picky"
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        return self.targets
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        return None if tc.dtype_in == dtypes.half else f"no {tc.dtype_in} inputs"
+
+
+def _tc(dtype_in: Any, k: int = 16) -> TensorCore:
+    return TensorCore((8, 16, k), 32, (k * 16 // 32, k * 8 // 32, 4), dtype_in, dtypes.float)
+
+
+class PickyPlugin(FakePlugin):
+    def open(self, name: str) -> CompiledDevice:
+        self.opened.append(name)
+        return CompiledDevice(name, NullAllocator(), PickyRenderer(), NullCompiler(), NullProgram)
+
+
+class TensorCoresOnly:
+    """A plugin that only adds tensor-core descriptions for another plugin's device."""
+
+    def __init__(self, *specs: TensorCoreSpec) -> None:
+        self.specs = specs
+
+    @hookimpl
+    def lazygrad_tensor_cores(self) -> list[TensorCoreSpec]:
+        return list(self.specs)
+
+
+def _picky_registry(*extra: object) -> DeviceRegistry:
+    renderer = RendererSpec("PICKY", "MAIN", make=PickyRenderer, default=True)
+    builtin = TensorCoreSpec("PICKY", "v1", (_tc(dtypes.half),))
+    return registry_with(PickyPlugin("PICKY", renderers=(renderer,), tensor_cores=(builtin,)), *extra)
+
+
+def test_a_description_the_renderer_cannot_emit_is_rejected_with_a_warning_naming_the_plugin() -> None:
+    bad = TensorCoresOnly(TensorCoreSpec("PICKY", "v2", (_tc(dtypes.bfloat16), _tc(dtypes.half, 8))))
+    registry = _picky_registry()
+    registry.register_plugin(bad, name="bad-tc-plugin")
+    why = re.escape(f"'bad-tc-plugin': tensor core {_tc(dtypes.bfloat16)} for PICKY v2 was rejected: no ")
+    with pytest.warns(LazygradPluginWarning, match=why):
+        kept = registry.tensor_cores("PICKY", "v2")
+    # the emittable description of the same plugin stays
+    assert kept == (_tc(dtypes.half, 8),)
+
+
+def test_newer_target_additions_keep_the_older_targets_descriptions() -> None:
+    added = TensorCoresOnly(TensorCoreSpec("PICKY", "v2", (_tc(dtypes.half, 8),)))
+    registry = _picky_registry(added)
+    # the device opened through the registry gets v2's addition and v1's built-in, its own target first
+    renderer = registry["PICKY"].renderer
+    assert renderer.tensor_cores == (_tc(dtypes.half, 8), _tc(dtypes.half))
+    # a renderer for v1 only gets v1's
+    assert registry.tensor_cores_for("PICKY", PickyRenderer(("v1",))) == (_tc(dtypes.half),)
+
+
+def test_descriptions_reach_a_renderer_chosen_by_name() -> None:
+    alt = RendererSpec("PICKY", "ALT", make=lambda: PickyRenderer(("v1",)))
+    registry = _picky_registry(TensorCoresOnly(), FakePlugin("UNRELATED"))
+    registry.register_plugin(type("AltRenderer", (), {"lazygrad_renderers": hookimpl(lambda self: [alt])})())
+    assert registry["PICKY:ALT"].renderer.tensor_cores == (_tc(dtypes.half),)
+
+
+def test_a_renderer_spec_brings_its_compiler() -> None:
+    class OtherCompiler(NullCompiler):
+        pass
+
+    spec = RendererSpec("FAKE", "OWN", make=lambda: NamedRenderer("own"), compiler=OtherCompiler)
+    registry = registry_with(FakePlugin("FAKE", renderers=(spec, *renderer_specs("FAKE"))))
+    plain = registry["FAKE"]
+    assert type(plain.compiler) is NullCompiler
+    assert registry["FAKE:OWN"].renderer.render([]) == "own" and type(plain.compiler) is OtherCompiler
+    # a renderer that brings no compiler compiles with the device's own again
+    assert registry["FAKE:MAIN"].renderer.render([]) == "main" and type(plain.compiler) is NullCompiler
+
+
+def test_select_switches_the_renderer_as_dev_does() -> None:
+    registry = registry_with(FakePlugin("FAKE", renderers=renderer_specs("FAKE")))
+    assert registry.select("fake:alt") == "FAKE"
+    assert registry["FAKE"].renderer.render([]) == "alt"
+    assert registry.select("FAKE") == "FAKE" and registry["FAKE"].renderer.render([]) == "alt"

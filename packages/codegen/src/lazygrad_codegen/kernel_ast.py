@@ -72,3 +72,12 @@ def row_reduce(kind: str, dtype: DType, rows: int, n: int) -> UOp:
     else:
         value = reduce(x, Ops.ADD if kind == "sum" else Ops.MAX, (1,))
     return sink(store(0, value, st(rows, 1)))
+
+
+def matmul(m: int, n: int, k: int, dtype_in: DType, acc: DType = dtypes.float32) -> UOp:
+    """The kernel `C = A @ B` of an (m, k) A in slot 1 and a (k, n) B in slot 2, both of `dtype_in`, products and
+    sums in `acc`, into an (m, n) C of `acc` in slot 0: the shape tensor cores apply to."""
+    a = load(1, dtype_in, st(m, 1, k).expand((m, n, k)))
+    b = load(2, dtype_in, st(1, k, n).permute((0, 2, 1)).expand((m, n, k)))
+    product = a.cast(acc) * b.cast(acc) if dtype_in != acc else a * b
+    return sink(store(0, reduce(product, Ops.ADD, (2,)), st(m, n, 1)))

@@ -98,7 +98,9 @@ class CompiledRunner:
 
 @dataclass(frozen=True)
 class BufferCopy:
-    """Copies a whole buffer to one of the same size, possibly on another device, through host memory."""
+    """Copies a whole buffer to one of the same size, possibly on another device: with the allocator's `_transfer`
+    when both buffers' allocators are of one kind that implements it (device to device, no host), else through host
+    memory."""
 
     device: str
 
@@ -287,5 +289,6 @@ def _summary() -> None:
 
 
 def device_of_name(name: str | None) -> str:
-    """The canonical device name for `name`, or the default device."""
-    return Device.DEFAULT if name is None else Device.canonicalize(name)
+    """The canonical device name for `name`, or the default device. A name with a renderer ("CPU:C") selects that
+    renderer for the device, as `DEV=CPU:C` does."""
+    return Device.DEFAULT if name is None else Device.select(name)

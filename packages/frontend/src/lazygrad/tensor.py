@@ -607,7 +607,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         of devices replicates it on them (`shard(devices)`)."""
         if isinstance(device, (tuple, list)):
             return self.shard(device)
-        dev = Device.canonicalize(device)
+        dev = Device.select(device)
         if self.uop.op is Ops.MULTI:
             return Tensor(gather_multi(self.uop, dev))
         if dev == self.device:

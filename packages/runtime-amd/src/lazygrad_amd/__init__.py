@@ -8,30 +8,24 @@ shows up as "device not usable" rather than as a plugin that fails to import."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-_EXPORTS = {
-    "OpenCLRenderer": "lazygrad_amd.opencl_renderer",
-    "CLDevice": "lazygrad_amd.opencl",
-    "CLAllocator": "lazygrad_amd.opencl",
-    "CLCompiler": "lazygrad_amd.opencl",
-    "CLProgram": "lazygrad_amd.opencl",
-    "cl_devices": "lazygrad_amd.opencl",
-    "AMDGPURenderer": "lazygrad_amd.amdgpu_renderer",
-    "AMDGPUCompiler": "lazygrad_amd.amdgpu_compiler",
-    "find_ld_lld": "lazygrad_amd.amdgpu_compiler",
-    "HIPDevice": "lazygrad_amd.hip",
-    "HIPAllocator": "lazygrad_amd.hip",
-    "HIPProgram": "lazygrad_amd.hip",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lazygrad_amd' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "OpenCLRenderer": "lazygrad_amd.opencl_renderer",
+        "CLDevice": "lazygrad_amd.opencl",
+        "CLAllocator": "lazygrad_amd.opencl",
+        "CLCompiler": "lazygrad_amd.opencl",
+        "CLProgram": "lazygrad_amd.opencl",
+        "cl_devices": "lazygrad_amd.opencl",
+        "AMDGPURenderer": "lazygrad_amd.amdgpu_renderer",
+        "AMDGPUCompiler": "lazygrad_amd.amdgpu_compiler",
+        "find_ld_lld": "lazygrad_amd.amdgpu_compiler",
+        "HIPDevice": "lazygrad_amd.hip",
+        "HIPAllocator": "lazygrad_amd.hip",
+        "HIPProgram": "lazygrad_amd.hip",
+    },
+)

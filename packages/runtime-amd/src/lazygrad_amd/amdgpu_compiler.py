@@ -16,14 +16,13 @@ import shutil
 import struct
 import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import llvmlite.binding as llvm
 
-from lazygrad_uop.config import DEBUG
-from lazygrad_uop.device import CompileError, Compiler
+from lazygrad_codegen.llvm_compiler import LLVMIRCompiler, init_llvm
+from lazygrad_uop.device import CompileError
 
 TRIPLE = "amdgcn-amd-amdhsa"
 # Code object version 5: what ROCm 5.x and 6.x runtimes load and what ld.lld from LLVM 15 on links (newer LLVMs
@@ -35,23 +34,11 @@ _MODULE_FLAGS = (
 # ELF machine number of AMDGPU code objects
 EM_AMDGPU = 224
 
-_init_lock = threading.Lock()
-_initialized = False
-
-
-def _init_llvm() -> None:
-    global _initialized
-    with _init_lock:
-        if not _initialized:
-            llvm.initialize_all_targets()
-            llvm.initialize_all_asmprinters()
-            _initialized = True
-
 
 def amdgpu_target_reason() -> str | None:
     """None when llvmlite's LLVM can generate amdgcn code, else why not."""
     try:
-        _init_llvm()
+        init_llvm()
         llvm.Target.from_triple(TRIPLE)
     except Exception as exc:  # noqa: BLE001 - llvmlite reports a missing target or a broken library in several ways
         return f"llvmlite's LLVM has no AMDGPU target ({type(exc).__name__}: {exc}); install an llvmlite built with it"
@@ -87,46 +74,32 @@ def _lld_major(path: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-class AMDGPUCompiler(Compiler):
+class AMDGPUCompiler(LLVMIRCompiler):
     """amdgcn LLVM IR to a code object for `arch`: linked with ld.lld (a shared object HIP can load) when `link`,
     else the relocatable ELF object."""
+
+    what = "amdgcn IR"
 
     def __init__(self, arch: str, link: bool = True, opt: int = 3) -> None:
         if (reason := amdgpu_target_reason()) is not None:
             raise RuntimeError(reason)
-        self.arch, self.opt = arch, opt
+        self.arch = arch
         self.ld_lld = find_ld_lld() if link else None
         if link and self.ld_lld is None:
             raise RuntimeError(
                 "ld.lld is needed to link AMDGPU code objects and was not found (apt-get install lld, or ROCm's "
                 "llvm/bin on PATH); pass link=False to only emit objects"
             )
-        target = llvm.Target.from_triple(TRIPLE)
-        self.target_machine = target.create_target_machine(cpu=arch, features="", opt=opt, reloc="pic")
+        target_machine = llvm.Target.from_triple(TRIPLE).create_target_machine(
+            cpu=arch, features="", opt=opt, reloc="pic"
+        )
         kind = "so" if link else "o"
-        super().__init__(f"compile_amdgpu_{arch}_llvm{'_'.join(map(str, llvm.llvm_version_info))}_O{opt}_{kind}")
+        version = "_".join(map(str, llvm.llvm_version_info))
+        super().__init__(target_machine, opt, f"compile_amdgpu_{arch}_llvm{version}_O{opt}_{kind}")
 
-    def optimized_module(self, src: str) -> llvm.ModuleRef:
-        """`src` parsed, verified and optimised for the target; raises CompileError with LLVM's message when the IR
-        is invalid."""
-        try:
-            mod = llvm.parse_assembly(f"{src}\n{_MODULE_FLAGS}")
-            mod.verify()
-        except RuntimeError as exc:
-            raise CompileError(f"LLVM rejected the amdgcn IR: {exc}\n{src}") from exc
-        tm = self.target_machine
-        mod.triple = tm.triple
-        mod.data_layout = str(tm.target_data)
-        builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=self.opt))
-        builder.getModulePassManager().run(mod, builder)
-        return mod
-
-    def object(self, src: str) -> bytes:
-        """The relocatable ELF object of `src`. `DEBUG>=7` prints its assembly."""
-        mod = self.optimized_module(src)
-        if DEBUG >= 7:
-            print(self.target_machine.emit_assembly(mod))
-        return self.target_machine.emit_object(mod)
+    def module_text(self, src: str) -> str:
+        """`src` with the module flag that selects the code object version."""
+        return f"{src}\n{_MODULE_FLAGS}"
 
     def compile(self, src: str) -> bytes:
         """The code object of `src`: linked when the compiler links, else the object."""

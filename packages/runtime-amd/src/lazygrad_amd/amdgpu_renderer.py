@@ -23,10 +23,9 @@ What differs from the CPU's IR, and why:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 from lazygrad_amd import amdgpu_math
-from lazygrad_amd.tensor_cores import TENSOR_CORES
+from lazygrad_amd.tensor_cores import BY_INSTRUCTION, INSTRUCTION_FAMILY
 from lazygrad_codegen.cstyle import kernel_function_name
 from lazygrad_codegen.llvmir import LLVMFunction, LLVMRenderer, ltype, mtype
 from lazygrad_codegen.tensor_cores import wmma_arg
@@ -126,26 +125,50 @@ class AMDGPURenderer(LLVMRenderer):
     has_local = True
     has_shared = True
     # the HSA dispatch packet holds the grid in work-items as 32-bit numbers
-    global_max: ClassVar[tuple[int, ...] | None] = (2**31 - 1, 65535, 65535)
-    local_max: ClassVar[tuple[int, ...] | None] = (1024, 1024, 1024)
-    shared_max: ClassVar[int] = 65536
+    global_max: tuple[int, ...] | None = (2**31 - 1, 65535, 65535)
+    local_max: tuple[int, ...] | None = (1024, 1024, 1024)
+    shared_max: int = 65536
 
-    def __init__(self, arch: str = "gfx1100") -> None:
+    def __init__(self, arch: str = "gfx1100", tensor_cores: tuple[TensorCore, ...] = ()) -> None:
         self.arch = arch
-        # the matrix instructions of this target, which codegen's heuristics then use for fitting matmuls
-        self.tensor_cores: tuple[TensorCore, ...] = TENSOR_CORES.get(arch, ())
+        # the matrix instructions of this target, which the registry hands over (lazygrad_amd.tensor_cores registers
+        # the built-in ones) and codegen's heuristics then use for fitting matmuls
+        self.tensor_cores: tuple[TensorCore, ...] = tuple(tensor_cores)
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The descriptions registered for this architecture."""
+        return (self.arch,)
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None when `tc` names (in `opts[0]`) a matrix instruction this renderer calls, describes exactly its
+        shape, types and register layout, and `target` belongs to the family that has it; else why not."""
+        instruction = tc.opts[0] if tc.opts else ""
+        if (reference := BY_INSTRUCTION.get(instruction)) is None:
+            known = ", ".join(sorted(BY_INSTRUCTION))
+            return f"it names no AMD matrix instruction the renderer calls (opts[0] must be one of {known})"
+        if (tc.dims, tc.threads, tc.elements_per_thread, tc.dtype_in, tc.dtype_out) != (
+            reference.dims,
+            reference.threads,
+            reference.elements_per_thread,
+            reference.dtype_in,
+            reference.dtype_out,
+        ) or _as_tuples(tc.swizzle) != _as_tuples(reference.swizzle):
+            return f"{instruction} is {reference}, with the layout {reference.swizzle}; the description differs"
+        family = INSTRUCTION_FAMILY[instruction[:6]]
+        if not target.startswith(family):
+            return f"{instruction} exists on {family}xx targets, not on {target}"
+        return None
 
     def matrix_intrinsic(self, arg: tuple) -> tuple[str, tuple[tuple[str, str], ...]]:
         """The LLVM intrinsic that runs the WMMA UOp with `arg` on this target, and the constant (type, value)
-        operands it takes after A, B and C. Raises NotImplementedError for a tensor core this target lacks: the
-        description must be one of the target's in `TENSOR_CORES`, whose layouts are what its instructions expect."""
-        own = TENSOR_CORES.get(self.arch, ())
-        tc = next((tc for tc in own if wmma_arg(tc) == tuple(arg)), None)
-        if tc is None or not tc.opts or tc.opts[0] not in _MATRIX_INTRINSICS:
-            have = ", ".join(tc.opts[0] for tc in own if tc.opts) or "none"
+        operands it takes after A, B and C. Raises NotImplementedError for a tensor core this renderer was not given
+        (the registry gives it those of its target that `tensor_core_problem` accepts)."""
+        tc = next((tc for tc in self.tensor_cores if wmma_arg(tc) == tuple(arg)), None)
+        if tc is None or (why := self.tensor_core_problem(tc, self.arch)) is not None:
+            have = ", ".join(tc.opts[0] for tc in self.tensor_cores if tc.opts) or "none"
             raise NotImplementedError(
                 f"{self.arch} has no matrix instruction for the tensor core {arg[0]} with this layout (its tensor "
-                f"cores: {have}); use the descriptions of lazygrad_amd.tensor_cores.TENSOR_CORES[{self.arch!r}]"
+                f"cores: {have}){': ' + why if tc is not None and why else ''}"
             )
         return _MATRIX_INTRINSICS[tc.opts[0]]
 
@@ -166,3 +189,7 @@ class AMDGPURenderer(LLVMRenderer):
         # the exact work-group size lets LLVM size registers for it; launches must use it
         attributes = f'nounwind "amdgpu-flat-work-group-size"="{group},{group}"'
         return fn.source(kernel_function_name(uops), attributes)
+
+
+def _as_tuples(x: object) -> object:
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (tuple, list)) else x

@@ -27,7 +27,7 @@ import numpy as np
 
 from lazygrad_amd.amdgpu_compiler import AMDGPUCompiler, KernelInfo, code_object_kernels
 from lazygrad_amd.amdgpu_renderer import AMDGPURenderer
-from lazygrad_uop.device import BufferSpec, CompiledDevice, LRUAllocator, Program, Renderer
+from lazygrad_uop.device import BufferSpec, CompiledDevice, Compiler, LRUAllocator, Program, Renderer
 
 _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2  # hipMemcpyKind
 _OUT_OF_MEMORY = 2  # hipErrorOutOfMemory
@@ -313,8 +313,13 @@ class HIPDevice(CompiledDevice):
         """Make this the calling thread's current HIP device."""
         check(libhip().hipSetDevice(self.index), f"hipSetDevice({self.index})")
 
-    def use_renderer(self, renderer: Renderer) -> None:
-        """Render with an AMDGPU renderer for this device's architecture."""
+    def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
+        """Render with an AMDGPU renderer for this device's architecture (built by this device's AMDGPU compiler:
+        `compiler` must be None)."""
+        if compiler is not None:
+            raise TypeError(
+                f"{self.device} loads AMDGPU code objects from its own compiler; a renderer can't bring one"
+            )
         if not isinstance(renderer, AMDGPURenderer):
             raise TypeError(f"{self.device} runs AMDGPU code objects; it can't use {type(renderer).__name__}")
         self.renderer = type(renderer)(self.arch)

@@ -187,8 +187,13 @@ class CLDevice(CompiledDevice):
         if DEBUG >= 1:
             print(f"{name}: {describe(cl_device)}")
 
-    def use_renderer(self, renderer: Renderer) -> None:
-        """Render with `renderer`'s class, set up for this device's limits and extensions."""
+    def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
+        """Render with `renderer`'s class, set up for this device's limits and extensions (OpenCL C always compiles
+        with the device's OpenCL compiler: `compiler` must be None)."""
+        if compiler is not None:
+            raise TypeError(
+                f"{self.device} compiles OpenCL C with its OpenCL driver; a renderer can't bring a compiler"
+            )
         if not isinstance(renderer, OpenCLRenderer):
             raise TypeError(f"{self.device} runs OpenCL C; it can't use {type(renderer).__name__}")
         current = self.renderer

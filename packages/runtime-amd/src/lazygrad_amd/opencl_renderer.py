@@ -120,9 +120,9 @@ class OpenCLRenderer(CStyleLanguage):
     ) -> None:
         self.half_native, self.fp64 = half_native, fp64
         # instance attributes: the limits are the opened device's
-        self.local_max = local_max  # type: ignore[misc]
-        self.shared_max = shared_max  # type: ignore[misc]
-        self.max_workgroup_threads = max_workgroup_threads  # type: ignore[misc]
+        self.local_max = local_max
+        self.shared_max = shared_max
+        self.max_workgroup_threads = max_workgroup_threads
         # 16-bit float types held as their bits in buffers and as floats in registers
         self.emulated: frozenset[DType] = frozenset(
             {dtypes.bfloat16} if half_native else {dtypes.bfloat16, dtypes.float16}

@@ -25,8 +25,8 @@ HIP_PRIORITY = 90
 # Below the CPU (50): on a machine whose only OpenCL platform is PoCL, CL is the same CPU through a generic
 # compiler, and the CPU device must stay the default. A GPU reached through OpenCL is picked with DEV=CL.
 CL_PRIORITY = 40
-# the targets whose tensor cores the package describes
-TENSOR_CORE_DEVICES = ("AMD", "HIP")
+# the devices whose renderer calls the matrix instructions (AMD renders OpenCL C, which has none)
+TENSOR_CORE_DEVICES = ("HIP",)
 
 
 def _pyopencl_reason() -> str | None:

@@ -53,3 +53,8 @@ TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {
     **dict.fromkeys(("gfx90a", "gfx942", "gfx950"), _CDNA),
 }
 """The tensor cores per target (gfx architecture name), all 16x16x16 with fp32 accumulators."""
+
+BY_INSTRUCTION: dict[str, TensorCore] = {tc.opts[0]: tc for tc in (*_RDNA3, *_CDNA)}
+"""Each matrix instruction's description (by its name, `opts[0]`): what a description naming it must say."""
+# the target family each kind of matrix instruction exists on: WMMA on RDNA 3 (gfx11), MFMA on CDNA (gfx9)
+INSTRUCTION_FAMILY = {"v_wmma": "gfx11", "v_mfma": "gfx9"}

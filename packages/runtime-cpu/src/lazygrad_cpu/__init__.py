@@ -6,23 +6,17 @@ The classes are imported on first use, so that loading the plugin stays cheap an
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lazygrad_uop.lazy_exports import lazy_exports
 
 __version__ = "0.4.0"
 
-_EXPORTS = {
-    "CPUAllocator": "lazygrad_cpu.allocator",
-    "CPUBuffer": "lazygrad_cpu.allocator",
-    "LLVMCompiler": "lazygrad_cpu.compiler",
-    "CPUProgram": "lazygrad_cpu.program",
-    "CPURenderer": "lazygrad_cpu.renderer",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lazygrad_cpu' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "CPUAllocator": "lazygrad_cpu.allocator",
+        "CPUBuffer": "lazygrad_cpu.allocator",
+        "LLVMCompiler": "lazygrad_cpu.compiler",
+        "CPUProgram": "lazygrad_cpu.program",
+        "CPURenderer": "lazygrad_cpu.renderer",
+    },
+)

@@ -9,26 +9,13 @@ import threading
 
 import llvmlite.binding as llvm
 
-from lazygrad_uop.config import DEBUG
-from lazygrad_uop.device import CompileError, Compiler
-
-_init_lock = threading.Lock()
-_initialized = False
-
-
-def _init_llvm() -> None:
-    global _initialized
-    with _init_lock:
-        if not _initialized:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            _initialized = True
+from lazygrad_codegen.llvm_compiler import LLVMIRCompiler, init_llvm
 
 
 @functools.cache
 def _host() -> tuple[str, str, str]:
     # the process triple, CPU name and feature string: asking LLVM for them took ~5 ms per loaded kernel
-    _init_llvm()
+    init_llvm()
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
@@ -60,7 +47,7 @@ def _thread_context() -> llvm.ContextRef:
     return ctx
 
 
-class LLVMCompiler(Compiler):
+class LLVMCompiler(LLVMIRCompiler):
     """LLVM IR text to an object file for the host CPU. Binaries are cached per CPU and feature set, since code
     using AVX-512 must not be loaded on a machine without it.
 
@@ -69,33 +56,15 @@ class LLVMCompiler(Compiler):
 
     threadsafe = True
 
+    what = "IR"
+
     def __init__(self, opt: int = 3) -> None:
-        self.opt = opt
-        self.target_machine = host_target_machine(opt)
         features = llvm.get_host_cpu_features().flatten()
         tag = hashlib.sha256(f"{llvm.llvm_version_info} {features}".encode()).hexdigest()[:16]
-        super().__init__(f"compile_cpu_llvm_{llvm.get_host_cpu_name()}_{tag}_O{opt}")
+        super().__init__(host_target_machine(opt), opt, f"compile_cpu_llvm_{llvm.get_host_cpu_name()}_{tag}_O{opt}")
+        # vectorised loops are most of a CPU kernel's speed; below O2, plain code that is quick to compile
+        self.vectorize = opt >= 2
 
-    def optimized_module(self, src: str) -> llvm.ModuleRef:
-        """`src` parsed, verified and optimised for the host; raises CompileError with LLVM's message when the IR is
-        invalid."""
-        try:
-            mod = llvm.parse_assembly(src, context=_thread_context())
-            mod.verify()
-        except RuntimeError as exc:
-            raise CompileError(f"LLVM rejected the IR: {exc}\n{src}") from exc
-        tm = self.target_machine
-        mod.triple = tm.triple
-        mod.data_layout = str(tm.target_data)
-        tuning = llvm.create_pipeline_tuning_options(speed_level=self.opt)
-        tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_unrolling = self.opt >= 2
-        builder = llvm.create_pass_builder(tm, tuning)
-        builder.getModulePassManager().run(mod, builder)
-        return mod
-
-    def compile(self, src: str) -> bytes:
-        """Object code for `src`. `DEBUG>=7` prints its assembly."""
-        mod = self.optimized_module(src)
-        if DEBUG >= 7:
-            print(self.target_machine.emit_assembly(mod))
-        return self.target_machine.emit_object(mod)
+    def parse_context(self) -> llvm.ContextRef:
+        """This thread's LLVM context: compiles run on several threads, and a context must not be shared by them."""
+        return _thread_context()

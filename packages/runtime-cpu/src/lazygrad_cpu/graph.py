@@ -20,7 +20,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
-from lazygrad_cpu.compiler import host_target_machine
+from lazygrad_cpu.compiler import LLVMCompiler, host_target_machine
 from lazygrad_cpu.program import CPUProgram
 from lazygrad_uop.device import CompiledDevice, GraphError, GraphRunner, KernelLaunch
 
@@ -54,6 +54,9 @@ def graph_ir(name: str, arities: Sequence[tuple[int, int]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_GRAPH_COMPILER = LLVMCompiler()
+
+
 class _Batch:
     """Consecutive launches run by one generated native function."""
 
@@ -79,7 +82,8 @@ class _Batch:
         self.ints = (ctypes.c_int32 * max(ni, 1))()
         for k, (_, launch) in enumerate(launches):
             self.write(k, launch)
-        lib = device.compiler.compile_cached(graph_ir("graph", arities))
+        # the graph function is LLVM IR whatever renders the kernels (a renderer plugin may bring another compiler)
+        lib = _GRAPH_COMPILER.compile_cached(graph_ir("graph", arities))
         # loaded like a kernel: MCJIT starts from an empty module and takes the object file
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(lib))

@@ -7,26 +7,20 @@ The classes are imported on first use, so that loading the plugin stays cheap an
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
-_EXPORTS = {
-    "CUDAAllocator": "lazygrad_cuda.allocator",
-    "CUDABuffer": "lazygrad_cuda.allocator",
-    "CUDADevice": "lazygrad_cuda.device",
-    "CUDAError": "lazygrad_cuda.errors",
-    "CUDAGraph": "lazygrad_cuda.graph",
-    "CUDAProgram": "lazygrad_cuda.program",
-    "CUDARenderer": "lazygrad_cuda.renderer",
-    "NVRTCCompiler": "lazygrad_cuda.compiler",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lazygrad_cuda' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "CUDAAllocator": "lazygrad_cuda.allocator",
+        "CUDABuffer": "lazygrad_cuda.allocator",
+        "CUDADevice": "lazygrad_cuda.device",
+        "CUDAError": "lazygrad_cuda.errors",
+        "CUDAGraph": "lazygrad_cuda.graph",
+        "CUDAProgram": "lazygrad_cuda.program",
+        "CUDARenderer": "lazygrad_cuda.renderer",
+        "NVRTCCompiler": "lazygrad_cuda.compiler",
+    },
+)

@@ -4,7 +4,6 @@ renderer, compiler, program and graph types that run kernels on it."""
 from __future__ import annotations
 
 import functools
-import re
 
 from cuda.bindings import driver
 
@@ -14,11 +13,8 @@ from lazygrad_cuda.errors import check
 from lazygrad_cuda.graph import CUDAGraph
 from lazygrad_cuda.program import CUDAProgram
 from lazygrad_cuda.renderer import CUDARenderer
-from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
+from lazygrad_uop.device import CompiledDevice, Compiler, Renderer
 from lazygrad_uop.registry import DeviceName
-
-# the oldest architecture with the mma.sync shapes lazygrad's CUDA tensor cores use
-_OLDEST_TENSOR_CORE_ARCH = 80
 
 
 class CUDADevice(CompiledDevice):
@@ -44,7 +40,8 @@ class CUDADevice(CompiledDevice):
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         self.peers: set[int] = set()
         self.multiprocessors = self.attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch), self.multiprocessors)
+        # the registry hands the renderer the tensor cores registered for this architecture when it opens the device
+        renderer = CUDARenderer(self.arch, compute_units=self.multiprocessors)
         runtime = functools.partial(CUDAProgram, self)
         # CompiledDevice expects a Program type; a factory bound to this GPU is what it calls
         super().__init__(
@@ -83,28 +80,12 @@ class CUDADevice(CompiledDevice):
         other.peers.add(self.index)
         return True
 
-    def use_renderer(self, renderer: Renderer) -> None:
-        """Render with `renderer`; a CUDA renderer is retargeted to this GPU's architecture and tensor cores."""
+    def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
+        """Render with `renderer` (and compile with `compiler` when given); a CUDA renderer is retargeted to this
+        GPU's architecture (the registry then hands it that architecture's tensor cores)."""
         if isinstance(renderer, CUDARenderer) and renderer.arch != self.arch:
-            renderer = CUDARenderer(self.arch, registered_tensor_cores(self.arch), self.multiprocessors)
-        self.renderer = renderer
-
-
-def registered_tensor_cores(arch: str) -> tuple[TensorCore, ...]:
-    """The tensor cores plugins registered for CUDA on `arch`, or on the newest registered architecture older than
-    it (an sm_86 GPU runs sm_80's mma instructions). Empty below sm_80."""
-    from lazygrad_uop.registry import Device, UnknownDeviceError
-
-    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-    if m is None:
-        raise ValueError(f"a CUDA architecture is written like 'sm_80', got {arch!r}")
-    try:
-        for cc in range(int(m.group(1)), _OLDEST_TENSOR_CORE_ARCH - 1, -1):
-            if found := Device.tensor_cores("CUDA", f"sm_{cc}"):
-                return found
-    except UnknownDeviceError:  # the plugin was registered by hand, not installed: nobody registered tensor cores
-        pass
-    return ()
+            renderer = CUDARenderer(self.arch, renderer.tensor_cores, self.multiprocessors)
+        super().use_renderer(renderer, compiler)
 
 
 def open_cuda(name: str) -> CUDADevice:

@@ -59,6 +59,35 @@ MMA_M16N8K8_LAYOUT = (
 """The fragment layouts of mma.sync.m16n8k16 and m16n8k8 (PTX ISA) in `TensorCore.swizzle` notation: lane r of each
 operand's vector is the instruction's register r, so a tensor core rendered with one must describe exactly it."""
 _MMA_LAYOUTS = {16: MMA_M16N8K16_LAYOUT, 8: MMA_M16N8K8_LAYOUT}
+# the oldest architecture with the mma.sync shapes and types the renderer writes (bf16 and m16n8k16 need sm_80)
+OLDEST_TENSOR_CORE_ARCH = 80
+
+
+def _compute_capability(arch: str) -> int:
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if m is None:
+        raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
+    return int(m.group(1))
+
+
+def mma_problem(
+    name: str, dims: tuple[int, ...], dtype_in: DType, dtype_out: DType, threads: int, layout: object
+) -> str | None:
+    """None if the renderer writes the tensor core with these properties as one mma.sync, else why not."""
+    n, m, k = dims
+    if (n, m) != (8, 16) or k not in _MMA_LAYOUTS or dtype_in not in _MMA_INPUTS or dtype_out != dtypes.float32:
+        return (
+            "the CUDA renderer writes mma.sync m16n8k16 and m16n8k8 with fp16/bf16 inputs and fp32 accumulate; "
+            f"got dims (N, M, K) {tuple(dims)}, {dtype_in} -> {dtype_out}"
+        )
+    if threads != 32 or (layout and _as_tuples(layout) != _MMA_LAYOUTS[k]):
+        return (
+            f"tensor core {name} has {threads} threads and layout {layout}, but mma.sync.m16n8k{k} is run by 32 "
+            f"threads holding their operands as {_MMA_LAYOUTS[k]} (PTX ISA fragment layout)"
+        )
+    return None
+
+
 # 32-bit registers as CUDA types by their count, and the expression of each register of a value of that type
 _REGISTERS = {4: ("uint4", ".x", ".y", ".z", ".w"), 2: ("uint2", ".x", ".y"), 1: ("unsigned int", "")}
 
@@ -137,8 +166,7 @@ class CUDARenderer(CStyleLanguage):
     def __init__(
         self, arch: str = "sm_80", tensor_cores: Sequence[TensorCore] = (), compute_units: int | None = None
     ) -> None:
-        if not re.fullmatch(r"sm_\d+[a-z]?", arch):
-            raise ValueError(f"a CUDA architecture is written like 'sm_80' or 'sm_90a', got {arch!r}")
+        _compute_capability(arch)
         self.arch = arch
         self.tensor_cores = tuple(tensor_cores)
         # cp.async exists from Ampere (sm_80) on
@@ -146,7 +174,19 @@ class CUDARenderer(CStyleLanguage):
         # ldmatrix exists from Turing (sm_75) on
         self.has_ldmatrix = int(re.sub(r"\D", "", arch)) >= 75
         if compute_units is not None:
-            self.compute_units = compute_units  # type: ignore[misc]
+            self.compute_units = compute_units
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """This architecture and every older one with tensor cores, newest first: a GPU runs the mma instructions
+        of the architectures before it, so the descriptions registered for any of them apply."""
+        cc = _compute_capability(self.arch)
+        return tuple(dict.fromkeys([self.arch, *(f"sm_{c}" for c in range(cc, OLDEST_TENSOR_CORE_ARCH - 1, -1))]))
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None for the mma.sync shapes `render_wmma` writes, on sm_80 and later, else why not."""
+        if _compute_capability(target) < OLDEST_TENSOR_CORE_ARCH:
+            return f"the CUDA renderer's mma.sync tensor cores need sm_{OLDEST_TENSOR_CORE_ARCH} or later, not {target}"
+        return mma_problem(str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.swizzle)
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -249,17 +289,9 @@ class CUDARenderer(CStyleLanguage):
         arg = wmma.arg
         name, dims, dtype_in, dtype_out, threads = arg[:5]
         layout = arg[6] if len(arg) > 6 else ()
-        n, m, k = dims
-        if (n, m) != (8, 16) or k not in _MMA_LAYOUTS or dtype_in not in _MMA_INPUTS or dtype_out != dtypes.float32:
-            raise NotImplementedError(
-                "the CUDA renderer writes mma.sync m16n8k16 and m16n8k8 with fp16/bf16 inputs and fp32 accumulate; "
-                f"got dims (N, M, K) {dims}, {dtype_in} -> {dtype_out}"
-            )
-        if threads != 32 or (layout and _as_tuples(layout) != _MMA_LAYOUTS[k]):
-            raise NotImplementedError(
-                f"tensor core {name} has {threads} threads and layout {layout}, but mma.sync.m16n8k{k} is run by 32 "
-                f"threads holding their operands as {_MMA_LAYOUTS[k]} (PTX ISA fragment layout)"
-            )
+        if (why := mma_problem(name, dims, dtype_in, dtype_out, threads, layout)) is not None:
+            raise NotImplementedError(why)
+        k = dims[2]
         fn = "lg_" + re.sub(r"\W", "_", str(name))
         ptx_in = _MMA_INPUTS[dtype_in]
         a_t, b_t, c_t = (

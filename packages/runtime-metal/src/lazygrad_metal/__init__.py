@@ -7,26 +7,20 @@ runs anywhere; the runtime needs macOS)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
-_EXPORTS = {
-    "MetalRenderer": "lazygrad_metal.renderer",
-    "MetalDevice": "lazygrad_metal.device",
-    "MetalAllocator": "lazygrad_metal.device",
-    "MetalBuffer": "lazygrad_metal.device",
-    "MetalCompiler": "lazygrad_metal.device",
-    "MetalProgram": "lazygrad_metal.device",
-    "MetalError": "lazygrad_metal.device",
-    "MetalGraph": "lazygrad_metal.graph",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'lazygrad_metal' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "MetalRenderer": "lazygrad_metal.renderer",
+        "MetalDevice": "lazygrad_metal.device",
+        "MetalAllocator": "lazygrad_metal.device",
+        "MetalBuffer": "lazygrad_metal.device",
+        "MetalCompiler": "lazygrad_metal.device",
+        "MetalProgram": "lazygrad_metal.device",
+        "MetalError": "lazygrad_metal.device",
+        "MetalGraph": "lazygrad_metal.graph",
+    },
+)

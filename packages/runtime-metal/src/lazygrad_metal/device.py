@@ -284,7 +284,7 @@ class MetalDevice(CompiledDevice):
 
     def __init__(self, name: str) -> None:
         from lazygrad_metal.graph import MetalGraph
-        from lazygrad_metal.plugin import all_tensor_cores, metal_tensor_cores
+        from lazygrad_uop.registry import Device
 
         index = DeviceName.parse(name).index
         with autorelease_pool():
@@ -294,10 +294,11 @@ class MetalDevice(CompiledDevice):
         if not self.queue:
             raise ObjCError(f"{self.gpu_name} gave no command queue")
         self.in_flight: list[int] = []
-        self.target = gpu_family_target(self.mtl, all_tensor_cores())
+        self.target = gpu_family_target(self.mtl, Device.tensor_core_targets("METAL"))
         # whether MetalGraph must make its pipelines used before running an indirect command buffer (see there)
         self.icb_pipelines_need_use = not SUPPORTS_FAMILY(self.mtl, GPU_FAMILY_APPLE9)
-        renderer = MetalRenderer(metal_tensor_cores(self.target) if self.target is not None else ())
+        # the registry hands the renderer the tensor cores registered for its target when it opens the device
+        renderer = MetalRenderer(target=self.target)
         program = type("MetalProgram", (MetalProgram,), {"dev": self, "__doc__": MetalProgram.__doc__})
         super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), program, MetalGraph)
 

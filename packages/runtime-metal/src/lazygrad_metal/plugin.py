@@ -56,17 +56,12 @@ def all_tensor_cores() -> dict[str, tuple[TensorCore, ...]]:
     return {TENSOR_CORE_TARGET: tuple(found)}
 
 
-def metal_tensor_cores(target: str = TENSOR_CORE_TARGET) -> tuple[TensorCore, ...]:
-    """The tensor cores of GPU family `target` (none where there are no descriptions for it)."""
-    return all_tensor_cores().get(target, ())
-
-
 def make_renderer() -> MetalRenderer:
-    """The MSL renderer with every simdgroup-matrix tensor core (for GPUs of the Apple7 family and later)."""
+    """The MSL renderer for GPUs of the Apple7 family and later (the registry hands it that family's tensor cores)."""
     # imported here: codegen is only needed once a renderer is asked for
     from lazygrad_metal.renderer import MetalRenderer
 
-    return MetalRenderer(metal_tensor_cores())
+    return MetalRenderer(target=TENSOR_CORE_TARGET)
 
 
 @hookimpl

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, OVERLOADED_MATH, CStyleLanguage
+from lazygrad_metal.tensor_cores import SIMDGROUP_LAYOUT
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -45,19 +46,19 @@ class MetalRenderer(CStyleLanguage):
 
     device: ClassVar[str] = "METAL"
     suffix: ClassVar[str] = "METAL"
-    has_local: ClassVar[bool] = True
-    has_shared: ClassVar[bool] = True
-    supports_float4: ClassVar[bool] = True
-    global_max: ClassVar[tuple[int, ...] | None] = (2**31 - 1, 2**31 - 1, 2**31 - 1)
-    local_max: ClassVar[tuple[int, ...] | None] = (
+    has_local: bool = True
+    has_shared: bool = True
+    supports_float4: bool = True
+    global_max: tuple[int, ...] | None = (2**31 - 1, 2**31 - 1, 2**31 - 1)
+    local_max: tuple[int, ...] | None = (
         MAX_THREADS_PER_THREADGROUP,
         MAX_THREADS_PER_THREADGROUP,
         MAX_THREADS_PER_THREADGROUP,
     )
-    shared_max: ClassVar[int] = THREADGROUP_MEMORY_BYTES
-    max_workgroup_threads: ClassVar[int] = MAX_THREADS_PER_THREADGROUP
+    shared_max: int = THREADGROUP_MEMORY_BYTES
+    max_workgroup_threads: int = MAX_THREADS_PER_THREADGROUP
     # scalar arithmetic; float2/float4 only for loads and stores (each thread of an Apple GPU is scalar)
-    vector_width: ClassVar[int] = 1
+    vector_width: int = 1
 
     kernel_prefix: ClassVar[str] = "kernel "
     buffer_prefix: ClassVar[str] = "device "
@@ -85,10 +86,28 @@ class MetalRenderer(CStyleLanguage):
     code_for_op: ClassVar[dict[Ops, Callable[..., str]]] = {**CStyleLanguage.code_for_op, **OVERLOADED_MATH}
     # the memory fence a BARRIER UOp renders to: threadgroup memory is all a kernel shares between its threads
     barrier: ClassVar[str] = "threadgroup_barrier(mem_flags::mem_threadgroup);"
-    warp_size: ClassVar[int] = SIMD_WIDTH
+    warp_size: int = SIMD_WIDTH
 
-    def __init__(self, tensor_cores: tuple[TensorCore, ...] = ()) -> None:
+    def __init__(self, tensor_cores: tuple[TensorCore, ...] = (), target: str | None = None) -> None:
         self.tensor_cores = tuple(tensor_cores)
+        # the Apple GPU family ("apple7") whose registered tensor cores the registry hands this renderer
+        self.target = target
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The GPU family this renderer targets (none: no tensor cores are handed over)."""
+        return (self.target,) if self.target is not None else ()
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None for an 8x8x8 simdgroup matrix of half, bfloat or float run by a 32-thread SIMD group with the
+        simdgroup_matrix register layout (`lazygrad_metal.tensor_cores.SIMDGROUP_LAYOUT`), else why not."""
+        floats = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+        if tc.dims != (8, 8, 8) or tc.threads != SIMD_WIDTH or tc.elements_per_thread != (2, 2, 2):
+            return f"Metal's simdgroup matrices are 8x8x8 over {SIMD_WIDTH} threads of 2 elements each, not {tc}"
+        if tc.dtype_in not in floats or tc.dtype_out not in floats:
+            return f"Metal's simdgroup matrices hold half, bfloat or float, not {tc.dtype_in} -> {tc.dtype_out}"
+        if _as_tuples(tc.swizzle) != SIMDGROUP_LAYOUT:
+            return f"the layout {tc.swizzle} is not simdgroup_matrix's {SIMDGROUP_LAYOUT}"
+        return None
 
     # *** types, constants, casts ***
 
@@ -193,3 +212,7 @@ class MetalRenderer(CStyleLanguage):
         """The Metal standard library, and the simdgroup matrices' own header when the kernel uses them."""
         wmma = any(u.op is Ops.WMMA for u in uops)
         return [*self.prelude, *(["#include <metal_simdgroup_matrix>"] if wmma else [])]
+
+
+def _as_tuples(x: object) -> object:
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (tuple, list)) else x

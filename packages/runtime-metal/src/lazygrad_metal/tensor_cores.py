@@ -21,11 +21,14 @@ def _fragment(row: str, col: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (f"{col}1", f"{row}0", f"{row}1", f"{col}2", f"{row}2"), (f"{col}0",)
 
 
-_SIMDGROUP = (_fragment("m", "k"), _fragment("k", "n"), _fragment("m", "n"))
+SIMDGROUP_LAYOUT = (_fragment("m", "k"), _fragment("k", "n"), _fragment("m", "n"))
+"""Where each thread of a SIMD group holds its elements of A, B and C (`TensorCore.swizzle` notation)."""
 
 
 def _simdgroup(dtype_in: DType, dtype_out: DType) -> TensorCore:
-    return TensorCore((8, 8, 8), 32, (2, 2, 2), dtype_in, dtype_out, ("simdgroup_multiply_accumulate",), _SIMDGROUP)
+    return TensorCore(
+        (8, 8, 8), 32, (2, 2, 2), dtype_in, dtype_out, ("simdgroup_multiply_accumulate",), SIMDGROUP_LAYOUT
+    )
 
 
 _APPLE = (

@@ -67,31 +67,39 @@ class PythonRenderer(Renderer):
 
     device: ClassVar[str] = "PYTHON"
     suffix: ClassVar[str] = "PYTHON"
-    has_local: ClassVar[bool] = False
-    has_shared: ClassVar[bool] = False
-    supports_float4: ClassVar[bool] = False
+    has_local: bool = False
+    has_shared: bool = False
+    supports_float4: bool = False
 
     def __init__(self, target: GPUTarget | None = None) -> None:
         self.target = target
         if target is not None:
-            # instance attributes shadow the class's limits for this renderer only
-            vars(self).update(
-                has_local=True,
-                has_shared=True,
-                local_max=target.local_max,
-                global_max=target.global_max,
-                shared_max=target.shared_max,
-                max_workgroup_threads=target.max_workgroup_threads,
-                supports_float4=target.supports_float4,
-                vector_width=target.vector_width,
-                tensor_cores=target.tensor_cores,
-                warp_size=target.warp_size,
-                has_async_copy=target.async_copy,
-                has_ldmatrix=target.ldmatrix,
-            )
+            # the GPU's limits, for this renderer only
+            self.has_local = self.has_shared = True
+            self.local_max, self.shared_max = target.local_max, target.shared_max
+            self.global_max = target.global_max
+            self.max_workgroup_threads, self.warp_size = target.max_workgroup_threads, target.warp_size
+            self.supports_float4, self.vector_width = target.supports_float4, target.vector_width
+            self.tensor_cores, self.has_async_copy = target.tensor_cores, target.async_copy
+            self.has_ldmatrix = target.ldmatrix
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PythonRenderer, (self.target,))
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The name of the GPU this renderer pretends to be: the registry hands it the tensor cores registered for
+        `TensorCoreSpec("PYTHON", <that name>, ...)`. None without a GPU target (kernels get no workgroups, so no
+        tensor cores)."""
+        return (self.target.name,) if self.target is not None else ()
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None for any description with a layout that a group of the interpreter's warp runs: the interpreter
+        emulates every layout, which is how it checks other devices' descriptions without their hardware."""
+        if not tc.swizzle:
+            return "the interpreter emulates tensor cores from their layout (TensorCore.swizzle), and this one has none"
+        if WARP_SIZE % tc.threads:
+            return f"it takes {tc.threads} threads, which don't divide the interpreter's {WARP_SIZE}-thread warps"
+        return None
 
     def render(self, uops: list[UOp]) -> str:
         """The program text of `uops`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -79,6 +79,11 @@ class Allocator(abc.ABC):
     ) -> None:
         """Copy `size` bytes between two devices of this kind without going through the host (optional)."""
         raise NotImplementedError(f"{type(self).__name__} can't transfer between devices; copy through the host")
+
+    _as_buffer: Callable[[Any], memoryview] | None = None
+    """Optional, for devices whose memory the host can address (the CPU, PYTHON): a method returning the handle's
+    bytes as a writable memoryview shared with the device memory, so that reading a tensor needs no copy. None where
+    the device has no such memory; the frontend then copies out."""
 
     def _offset(self, handle: Any, size: int, offset: int) -> Any:
         """A handle for the `size` bytes at byte `offset` of `handle`, sharing its memory (optional)."""
@@ -332,9 +337,11 @@ class Program(abc.ABC):
 class Renderer(abc.ABC):
     """Turns a linear program of UOps into source for one target, and describes that target's limits.
 
-    Subclasses set the class attributes: `device` (the device name), `suffix` (names kernels' source, e.g. "CUDA"),
-    whether float4 vectors, local (workgroup) dimensions and shared memory exist, the maximum global and local sizes
-    per dimension (None: unlimited), the bytes of shared memory, and the tensor cores it can use.
+    Subclasses set the class attributes `device` (the device name) and `suffix` (names kernels' source, e.g.
+    "CUDA"), and the target's limits: whether float4 vectors, local (workgroup) dimensions and shared memory exist,
+    the maximum global and local sizes per dimension (None: unlimited), the bytes of shared memory, and the tensor
+    cores it can use. The limits are class-level defaults that an instance may set for the hardware it was made for
+    (an OpenCL renderer takes the opened device's local sizes and shared memory).
 
     Limits the code generator's optimisations respect: `vector_width` (lanes of one vector ALU op and of an unaligned
     vector load or store; 1 means scalar arithmetic, with `supports_float4` still allowing aligned 2- and 4-element
@@ -352,26 +359,42 @@ class Renderer(abc.ABC):
 
     device: ClassVar[str] = ""
     suffix: ClassVar[str] = ""
-    supports_float4: ClassVar[bool] = True
-    has_local: ClassVar[bool] = True
-    has_shared: ClassVar[bool] = True
-    has_threads: ClassVar[bool] = False
-    global_max: ClassVar[tuple[int, ...] | None] = None
-    local_max: ClassVar[tuple[int, ...] | None] = None
-    shared_max: ClassVar[int] = 32768
-    vector_width: ClassVar[int] = 1
-    max_upcast: ClassVar[int] = 256
-    max_workgroup_threads: ClassVar[int] = 1024
-    warp_size: ClassVar[int] = 0
-    has_async_copy: ClassVar[bool] = False
-    has_ldmatrix: ClassVar[bool] = False
-    compute_units: ClassVar[int] = 0
+    supports_float4: bool = True
+    has_local: bool = True
+    has_shared: bool = True
+    has_threads: bool = False
+    global_max: tuple[int, ...] | None = None
+    local_max: tuple[int, ...] | None = None
+    shared_max: int = 32768
+    vector_width: int = 1
+    max_upcast: int = 256
+    max_workgroup_threads: int = 1024
+    warp_size: int = 0
+    has_async_copy: bool = False
+    has_ldmatrix: bool = False
+    compute_units: int = 0
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
 
     @abc.abstractmethod
     def render(self, uops: list[UOp]) -> str:
         """The source of the kernel whose linear program is `uops`."""
+
+    def tensor_core_targets(self) -> tuple[str, ...]:
+        """The targets (`TensorCoreSpec.target`) whose registered tensor-core descriptions this renderer runs, in
+        order of preference: e.g. ("sm_86", "sm_80") for an sm_86 GPU, which also runs sm_80's instructions. The
+        registry merges the descriptions of all of them and hands them to the renderer. None by default."""
+        return ()
+
+    def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
+        """None if this renderer can emit `tc` on `target`, else one line saying why not. The registry asks this of
+        every description a plugin registers and rejects, with a warning naming the plugin, those it can't emit, so
+        that a kernel never fails at render time. By default a renderer emits no tensor cores."""
+        return f"{type(self).__name__} renders no tensor cores"
+
+    def add_tensor_cores(self, tensor_cores: Sequence[TensorCore]) -> None:
+        """Use `tensor_cores` in addition to the ones this renderer already has (the registry's hand-over)."""
+        self.tensor_cores = tuple(dict.fromkeys((*self.tensor_cores, *tensor_cores)))
 
 
 @dataclass(frozen=True)
@@ -529,11 +552,15 @@ class CompiledDevice:
     ) -> None:
         self.device, self.allocator, self.renderer, self.compiler = device, allocator, renderer, compiler
         self.runtime, self.graph = runtime, graph
+        # the device's own compiler, which a renderer that brings none compiles with
+        self.default_compiler = compiler
 
-    def use_renderer(self, renderer: Renderer) -> None:
-        """Render this device's kernels with `renderer` from now on. Devices whose compiler depends on the renderer
-        (e.g. PTX needs an assembler rather than a C++ compiler) override this to switch the compiler too."""
+    def use_renderer(self, renderer: Renderer, compiler: Compiler | None = None) -> None:
+        """Render this device's kernels with `renderer` from now on, and compile them with `compiler` when one is
+        given (a renderer plugin's `RendererSpec.compiler`: its source needs another compiler than the device's), else
+        with the device's own compiler."""
         self.renderer = renderer
+        self.compiler = compiler if compiler is not None else self.default_compiler
 
     def synchronize(self) -> None:
         """Wait for all work queued on the device. Devices that run asynchronously override this; for a

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
+    from lazygrad_uop.device import CompiledDevice, Compiler, Renderer, TensorCore
 
 PROJECT = "lazygrad"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -73,12 +73,17 @@ class RendererSpec:
     name: what users write after the colon ("PTX"), upper case.
     make: returns a new `Renderer`.
     default: whether this is the renderer the device uses when none is named.
+    compiler: returns the `Compiler` that builds this renderer's source into what the device's `Program` loads, when
+        that is not the device's own compiler (a C renderer for the CPU brings the system C compiler); None keeps the
+        device's compiler. Selecting the renderer (`DEV=CPU:C`, `Device["CPU:C"]`, `Tensor(..., device="CPU:C")`)
+        switches both.
     """
 
     device: str
     name: str
     make: Callable[[], Renderer]
     default: bool = False
+    compiler: Callable[[], Compiler] | None = None
 
     def __post_init__(self) -> None:
         _check_name("renderer device", self.device)

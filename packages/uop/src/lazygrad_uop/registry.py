@@ -16,18 +16,20 @@ that implements no hook at all (`PluginRegistrationError`) and leaves the regist
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import inspect
 import threading
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
 from lazygrad_uop.config import DEV
-from lazygrad_uop.device import CompiledDevice, TensorCore
+from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
 from lazygrad_uop.plugins import NAME_PATTERN, PROJECT, DeviceSpec, LazygradSpec, RendererSpec, TensorCoreSpec
 
 # The distribution that provides each device lazygrad's authors ship, for "install this" hints.
@@ -134,7 +136,10 @@ class _Catalog:
 
     devices: dict[str, tuple[DeviceSpec, object]]  # name -> (spec, the plugin that provided it)
     renderers: tuple[RendererSpec, ...]
-    tensor_cores: tuple[TensorCoreSpec, ...]
+    tensor_cores: tuple[tuple[TensorCoreSpec, str], ...]  # (spec, the name of the plugin that registered it)
+    # per device: the entries its default renderer can emit, checked on the first question about the device's tensor
+    # cores (checking needs the renderer, whose module a process that never uses the device shouldn't import)
+    emittable: dict[str, tuple[tuple[TensorCoreSpec, str], ...]] = field(default_factory=dict)
 
 
 _HOOKS = (
@@ -167,6 +172,8 @@ class DeviceRegistry:
         self._default: tuple[str, _Catalog, str] | None = None
         self._opened: dict[str, CompiledDevice] = {}
         self._renderer_in_use: dict[str, str] = {}
+        # tensor cores already reported as not emittable, so that each is reported once
+        self._rejected: set[tuple[str, TensorCore]] = set()
 
     # ---- plugins
 
@@ -326,13 +333,56 @@ class DeviceRegistry:
                     if keep is seen[0]:
                         continue
                 devices[spec.name] = (spec, plugin)
-            self._catalog = _Catalog(
-                devices,
-                tuple(spec for plugin, spec in gathered["lazygrad_renderers"] if plugin not in failed),
-                tuple(spec for plugin, spec in gathered["lazygrad_tensor_cores"] if plugin not in failed),
-            )
+            renderers = tuple(spec for plugin, spec in gathered["lazygrad_renderers"] if plugin not in failed)
+            tensor_cores = [
+                (spec, str(self._pm.get_name(plugin)))
+                for plugin, spec in gathered["lazygrad_tensor_cores"]
+                if plugin not in failed
+            ]
+            self._catalog = _Catalog(devices, renderers, tuple(tensor_cores))
             self._usable.clear()
             return self._catalog
+
+    def _tensor_core_entries(self, base: str) -> tuple[tuple[TensorCoreSpec, str], ...]:
+        """The tensor-core entries registered for device `base` that its default renderer can emit. The others are
+        rejected, each with a warning naming the plugin, when the device's tensor cores are first asked about:
+        a description that can't be rendered would make every matmul it fits fail."""
+        with self._lock:
+            catalog = self._gather()
+            if (kept := catalog.emittable.get(base)) is not None:
+                return kept
+            maker = next((r.make for r in catalog.renderers if r.device == base and r.default), None)
+            try:
+                renderer = maker() if maker is not None else None
+            except Exception:  # noqa: BLE001 - a renderer that can't be made is reported when the device uses it
+                renderer = None
+            catalog.emittable[base] = kept = self._emittable(
+                [(spec, plugin) for spec, plugin in catalog.tensor_cores if spec.device == base], renderer
+            )
+            return kept
+
+    def _emittable(
+        self, entries: list[tuple[TensorCoreSpec, str]], renderer: Renderer | None
+    ) -> tuple[tuple[TensorCoreSpec, str], ...]:
+        """`entries` without the descriptions `renderer` can't emit, each rejected with a warning naming the plugin
+        (a device without a default renderer has nothing to check them against: they are kept)."""
+        kept = []
+        for spec, plugin in entries:
+            good = []
+            for tc in spec.tensor_cores:
+                why = renderer.tensor_core_problem(tc, spec.target) if renderer is not None else None
+                if why is None:
+                    good.append(tc)
+                    continue
+                warnings.warn(
+                    f"lazygrad plugin {plugin!r}: tensor core {tc} for {spec.device} {spec.target} was rejected: {why}",
+                    LazygradPluginWarning,
+                    stacklevel=6,
+                )
+                self._rejected.add((spec.device, tc))
+            if good:
+                kept.append((TensorCoreSpec(spec.device, spec.target, tuple(good)), plugin))
+        return tuple(kept)
 
     # ---- questions
 
@@ -375,10 +425,56 @@ class DeviceRegistry:
         """The tensor cores registered for the device `name` on `target`, or on all its targets if target is None."""
         base = self.spec(name).name
         found: list[TensorCore] = []
-        for entry in self._gather().tensor_cores:
-            if entry.device == base and target in (None, entry.target):
+        for entry, _ in self._tensor_core_entries(base):
+            if target in (None, entry.target):
                 found.extend(tc for tc in entry.tensor_cores if tc not in found)
         return tuple(found)
+
+    def tensor_core_targets(self, name: str) -> tuple[str, ...]:
+        """The targets of the device `name` that plugins registered tensor cores for, in registration order."""
+        base = self.spec(name).name
+        return tuple(dict.fromkeys(entry.target for entry, _ in self._tensor_core_entries(base)))
+
+    def tensor_cores_for(self, name: str, renderer: Renderer) -> tuple[TensorCore, ...]:
+        """The registered tensor cores that `renderer`, rendering for the device `name`, runs: the descriptions of
+        every one of its `tensor_core_targets()`, merged (a newer target's additions never hide an older target's
+        descriptions), without those it says it can't emit (each reported once, with the plugin's name)."""
+        base = self.spec(name).name
+        found: list[TensorCore] = []
+        for target in renderer.tensor_core_targets():
+            for entry, plugin in self._tensor_core_entries(base):
+                if entry.target != target:
+                    continue
+                for tc in entry.tensor_cores:
+                    if tc in found:
+                        continue
+                    if (why := renderer.tensor_core_problem(tc, target)) is None:
+                        found.append(tc)
+                    elif (base, tc) not in self._rejected:
+                        self._rejected.add((base, tc))
+                        warnings.warn(
+                            f"lazygrad plugin {plugin!r}: tensor core {tc} for {base} {target} is not used by "
+                            f"{type(renderer).__name__}: {why}",
+                            LazygradPluginWarning,
+                            stacklevel=3,
+                        )
+        return tuple(found)
+
+    def _hand_tensor_cores(self, base: str, device: CompiledDevice) -> None:
+        """Give the device's renderer the registered tensor cores it runs (a device without a renderer gets none)."""
+        if isinstance(device.renderer, Renderer):
+            device.renderer.add_tensor_cores(self.tensor_cores_for(base, device.renderer))
+
+    def select(self, name: str) -> str:
+        """The canonical name of the device `name`, after switching its renderer if the name names one: "CPU:C"
+        means the same here (what the frontend's device= arguments go through) as in `DEV=CPU:C` and
+        `Device["CPU:C"]`: the CPU device renders with C from now on."""
+        parsed = DeviceName.parse(name)
+        if parsed.renderer is not None:
+            self[name]
+        return parsed.canonical
+
+    # ---- questions
 
     @property
     def DEFAULT(self) -> str:  # noqa: N802 - a constant-like name, as users write Device.DEFAULT
@@ -422,6 +518,32 @@ class DeviceRegistry:
             )
         raise DeviceUnavailableError("no installed device is usable here: " + "; ".join(reasons))
 
+    @contextlib.contextmanager
+    def stand_in(self, name: str) -> Iterator[None]:
+        """For tests that run a device over a stand-in for its driver (a fake libcuda, a fake Metal): inside the
+        block the device `name` counts as usable here, whatever its own check says, and is opened afresh on first
+        use; afterwards the registry forgets the device opened inside and asks the device's check again. The
+        default device is not changed."""
+        canonical = DeviceName.parse(name).canonical
+        base = self.spec(name).name
+        with self._lock:
+            saved_usable, saved_device = self._usable.get(base), self._opened.pop(canonical, None)
+            saved_renderer = self._renderer_in_use.pop(canonical, None)
+            self._usable[base] = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._opened.pop(canonical, None)
+                self._renderer_in_use.pop(canonical, None)
+                self._usable.pop(base, None)
+                if saved_usable is not None:
+                    self._usable[base] = saved_usable
+                if saved_device is not None:
+                    self._opened[canonical] = saved_device
+                if saved_renderer is not None:
+                    self._renderer_in_use[canonical] = saved_renderer
+
     # ---- opening
 
     def __getitem__(self, name: str) -> CompiledDevice:
@@ -451,10 +573,13 @@ class DeviceRegistry:
                 self._opened[canonical] = device
                 if defaults := [r.name for r in self.renderers(spec.name) if r.default]:
                     self._renderer_in_use[canonical] = defaults[0]
+                self._hand_tensor_cores(spec.name, device)
             wanted = parsed.renderer or self._renderer_from_dev(spec.name)
             # A renderer, once named, stays: later lookups by the plain name (e.g. a buffer's device) keep using it.
             if wanted is not None and self._renderer_in_use.get(canonical) != wanted:
-                device.use_renderer(self._renderer_spec(spec.name, wanted).make())
+                chosen = self._renderer_spec(spec.name, wanted)
+                device.use_renderer(chosen.make(), chosen.compiler() if chosen.compiler is not None else None)
+                self._hand_tensor_cores(spec.name, device)
                 self._renderer_in_use[canonical] = wanted
             return device
 
@@ -489,9 +614,9 @@ class DeviceRegistry:
             except importlib.metadata.PackageNotFoundError:
                 version = None
             cores: dict[str, tuple[TensorCore, ...]] = {}
-            for entry in catalog.tensor_cores:
-                if entry.device == spec.name:
-                    cores[entry.target] = cores.get(entry.target, ()) + entry.tensor_cores
+            # those the device's renderer can emit (the others are rejected, with a warning, as they'd be on use)
+            for entry, _ in self._tensor_core_entries(spec.name):
+                cores[entry.target] = cores.get(entry.target, ()) + entry.tensor_cores
             out.append(
                 DeviceInfo(
                     spec.name,

@@ -169,7 +169,7 @@ def _from_bytes(data: bytes | memoryview, dtype: DType, shape: tuple[int, ...], 
         arr = np.frombuffer(data, dtype=npdt.newbyteorder("<")).astype(npdt, copy=False).reshape(shape)
         return Tensor(arr, device=device)
     # no numpy type, no conversion: the bytes go into a buffer of the dtype as they are
-    dev = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    dev = Device.select(device) if device is not None else Device.DEFAULT
     buf_uop = new_buffer(dev, math.prod(shape), dtype)
     buf = buffer_of(buf_uop).allocate()
     if len(data):

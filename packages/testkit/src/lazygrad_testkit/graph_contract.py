@@ -8,8 +8,8 @@ program, for devices that render and compile it; `host_add` is the same kernel f
 Values are small integers held in float32, so every result is exact. The kernel's index doesn't depend on the size
 its SPECIALs declare, so a launch may cover fewer blocks, as a kernel whose global size is symbolic does.
 
-This module lives in lazygrad-runtime-cuda's tests; lazygrad-runtime-metal's tests import it from here. The CPU's
-`CPUGraph` passes it too (`add_kernel_uops(name, 1, host_threads=True)`, block 1).
+`harness_for(device)` builds a harness for any device opened through the registry, rendering and compiling the
+kernel with the device's own renderer and compiler; device packages with stand-in drivers build their own.
 """
 
 from __future__ import annotations
@@ -232,3 +232,34 @@ def check_jit_replays_through_the_graph(device: str) -> None:
     (step,) = f.captured.steps
     graph_type = lazygrad.Device[device].graph
     assert isinstance(step, _GraphStep) and type(step.graph) is graph_type
+
+
+def harness_for(name: str) -> GraphHarness:
+    """A harness for the device `name`, opened through the registry: the "add" kernel rendered by its renderer
+    (one thread per block on devices without local memory; the `core0` axis on a host target with threads) and
+    compiled by its compiler; the foreign program is one of another installed device (PYTHON, or CPU on PYTHON)."""
+    from lazygrad_uop.registry import Device
+
+    dev = Device[name]
+    renderer = dev.renderer
+    block = 4 if renderer.has_local else 1
+
+    def compiled(device: CompiledDevice, prog: str) -> Program:
+        uops = add_kernel_uops(prog, 4 if device.renderer.has_local else 1, host_threads=device.renderer.has_threads)
+        return device.runtime(prog, device.compiler.compile(device.renderer.render(uops)))
+
+    def upload(x: np.ndarray) -> Any:
+        handle = dev.allocator.alloc(x.nbytes)
+        dev.allocator.copyin(handle, memoryview(np.ascontiguousarray(x)).cast("B"))
+        return handle
+
+    def download(handle: Any, n: int) -> np.ndarray:
+        dev.synchronize()
+        out = np.empty(n, np.float32)
+        dev.allocator.copyout(memoryview(out).cast("B"), handle)
+        return out
+
+    other = "CPU" if Device.canonicalize(name).split(":")[0] == "PYTHON" else "PYTHON"
+    return GraphHarness(
+        dev, block, lambda prog: compiled(dev, prog), upload, download, lambda: compiled(Device[other], "lg_foreign")
+    )

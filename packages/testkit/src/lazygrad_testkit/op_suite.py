@@ -1,5 +1,6 @@
-"""The op suite of the METAL tests: a representative set of Tensor graphs across ops and dtypes, each with its numpy
-reference. A case builds its graph on a given device from numpy inputs and returns (tensor, reference, tolerances).
+"""The op suite: a representative set of Tensor graphs across ops and dtypes, each with its numpy reference, run by
+the conformance suite on every device under test (`conformance/test_ops.py`) and by device packages on their
+emulations. A case builds its graph on a given device from numpy inputs and returns (tensor, reference, tolerances).
 
 bfloat16 has no numpy dtype: its cases cast to bfloat16 inside the graph and back to float32 at the end, and their
 references round to bfloat16 with `bf16`, written here from the format's definition (float32 with the low 16 bits
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lazygrad import Tensor, dtypes
+from lazygrad_testkit.dtypes import ARITH_DTYPES, PORTABLE_CAST_DTYPES
 from lazygrad_uop.dtype import DType, to_numpy_dtype
 
 Result = tuple[Tensor, np.ndarray, dict[str, float]]
@@ -76,19 +78,6 @@ def _tol(dt: DType) -> dict[str, float]:
 
 
 # *** elementwise arithmetic, per dtype ***
-
-ARITH_DTYPES = [
-    dtypes.float32,
-    dtypes.float16,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-]
 
 
 def _arith(dt: DType) -> Callable[[str], Result]:
@@ -282,18 +271,7 @@ def _edges(device: str) -> Result:
 
 # *** casts and bitcasts ***
 
-CAST_DTYPES = [
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.float16,
-    dtypes.float32,
-]
+CAST_DTYPES = PORTABLE_CAST_DTYPES
 
 
 def _cast(src: DType) -> Callable[[str], Result]:

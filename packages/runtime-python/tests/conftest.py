@@ -1,7 +1,0 @@
-"""Makes the shared helpers of these tests (`pyinterp_helpers`) importable: the suite runs in importlib mode, which
-puts no test folder on sys.path."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
