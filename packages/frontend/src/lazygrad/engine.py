@@ -17,6 +17,7 @@ from typing import Protocol
 
 from lazygrad.compiling import compile_kernels
 from lazygrad.counters import GlobalCounters
+from lazygrad.errors import InputError
 from lazygrad_codegen import ProgramSpec
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_scheduler.memory import plan_memory
@@ -34,7 +35,7 @@ def sym_infer(x: sint, var_vals: Mapping[UOp, int]) -> int:
     try:
         return int(eval_uop(x, dict(var_vals)))
     except KeyError as exc:
-        raise ValueError(f"no value for a variable of {x.render()}: bind it (Variable(...).bind(value))") from exc
+        raise InputError(f"no value for a variable of {x.render()}: bind it (Variable(...).bind(value))") from exc
 
 
 class Runner(Protocol):
@@ -67,7 +68,7 @@ class CompiledRunner:
             return ()
         missing = [v.expr for v in self.spec.vars if var_vals is None or v not in var_vals]
         if missing:
-            raise ValueError(f"kernel {self.spec.name} needs values for variables {missing}; bind them")
+            raise InputError(f"kernel {self.spec.name} needs values for variables {missing}; bind them")
         assert var_vals is not None
         return tuple(var_vals[v] for v in self.spec.vars)
 

@@ -534,7 +534,7 @@ class FunctionalMixin:
         """Cross entropy of logits (classes on the last axis) against integer labels Y; labels equal to
         ignore_index count neither in the loss nor in the mean."""
         if dtypes.is_float(Y.dtype) or Y.shape != self.shape[:-1]:
-            raise ValueError(
+            raise InputError(
                 f"sparse_categorical_crossentropy needs integer class labels of shape {self.shape[:-1]} for logits of "
                 f"shape {self.shape}, got {Y.dtype!r} labels of shape {Y.shape}"
             )
@@ -562,12 +562,12 @@ class FunctionalMixin:
         c = self.shape[axis]
         class_shape = self.shape[:axis] + self.shape[axis + 1 :]
         if dtypes.is_int(Y.dtype) and Y.shape != class_shape:
-            raise ValueError(
+            raise InputError(
                 f"cross_entropy with class indices needs a target of shape {class_shape} for input {self.shape}, "
                 f"got {Y.shape}"
             )
         if not dtypes.is_int(Y.dtype) and Y.shape != self.shape:
-            raise ValueError(
+            raise InputError(
                 f"cross_entropy with class probabilities needs a float target of the input's shape {self.shape}, got "
                 f"{Y.dtype!r} of shape {Y.shape}; for class indices pass an integer tensor of shape {class_shape}"
             )
@@ -592,7 +592,7 @@ class FunctionalMixin:
         c = self.shape[axis]
         class_shape = self.shape[:axis] + self.shape[axis + 1 :]
         if Y.shape != class_shape:
-            raise ValueError(
+            raise InputError(
                 f"nll_loss needs class indices of shape {class_shape} for input {self.shape}, got {Y.shape}"
             )
         labels = Y if ignore_index is None else Y.ne(ignore_index).where(Y, 0)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lazygrad.counters import GlobalCounters
+from lazygrad.errors import InputError
 from lazygrad_uop.config import Context as _SettingsContext
 from lazygrad_uop.config import getenv
 
@@ -27,7 +28,7 @@ def colored(text: str, color: str | None, background: bool = False) -> str:
     if color is None:
         return text
     if color.lower() not in _COLORS:
-        raise ValueError(f"unknown color {color!r}; use one of {', '.join(_COLORS)} (upper case for bright)")
+        raise InputError(f"unknown color {color!r}; use one of {', '.join(_COLORS)} (upper case for bright)")
     code = _COLORS.index(color.lower()) + (60 if color.isupper() else 0) + (40 if background else 30)
     return f"\u001b[{code}m{text}\u001b[0m"
 

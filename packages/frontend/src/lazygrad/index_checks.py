@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lazygrad.errors import RangeError
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import dtypes
 
@@ -46,7 +47,7 @@ class IndexCheck:
         """Read the (realized) check and raise IndexError if an index was out of range."""
         value = int(np.asarray(self.worst.numpy()).reshape(()))
         if value != _IN_RANGE:
-            raise IndexError(
+            raise RangeError(
                 f"{self.what}: index {value} is out of range [{self.low}, {self.high}) (found on the device; every "
                 f"index must be at least {self.low} and below {self.high})"
             )

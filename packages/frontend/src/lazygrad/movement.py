@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from lazygrad.errors import InputError, RangeError, UnknownModeError
+from lazygrad.errors import InputError, KindError, RangeError, UnknownModeError
 from lazygrad_uop.dtype import dtypes, least_upper_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -26,7 +26,7 @@ def _check_axis_type(axis: Any) -> None:
     """An axis (dimension) argument must be an int: a tensor, float or bool there is a mistake (e.g. a tensor passed
     where `dim` goes), which comparisons would otherwise turn into a tensor or a silently truncated number."""
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"a dimension must be an int, got {type(axis).__name__} {axis!r}")
+        raise KindError(f"a dimension must be an int, got {type(axis).__name__} {axis!r}")
 
 
 def _axis(axis: int, ndim: int) -> int:
@@ -96,10 +96,10 @@ def _tensors(first: Any, rest: Sequence[Any], dim: int | None, what: str) -> tup
 
     if isinstance(first, (list, tuple)):
         if rest and dim is None:
-            raise TypeError(f"{what} takes one sequence of tensors or tensors as arguments, not both")
+            raise KindError(f"{what} takes one sequence of tensors or tensors as arguments, not both")
         if len(rest) > 1 or (rest and (isinstance(rest[0], bool) or not isinstance(rest[0], (int, np.integer)))):
             got = ", ".join(type(r).__name__ for r in rest)
-            raise TypeError(
+            raise KindError(
                 f"{what}(tensors, dim) takes one int dim after the sequence of tensors, got {got}; put every tensor "
                 "in the sequence"
             )
@@ -108,7 +108,7 @@ def _tensors(first: Any, rest: Sequence[Any], dim: int | None, what: str) -> tup
         ts = [first, *rest]
     for t in ts:
         if not isinstance(t, Tensor):
-            raise TypeError(f"{what} joins tensors, got a {type(t).__name__}")
+            raise KindError(f"{what} joins tensors, got a {type(t).__name__}")
     return ts, dim
 
 

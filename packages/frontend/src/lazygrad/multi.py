@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lazygrad.errors import InputError
 from lazygrad.gradient import compute_gradient
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import dtypes
@@ -104,7 +105,7 @@ def shard(u: UOp, devices: Sequence[str], axis: int | None) -> UOp:
         return multi([_copy(u, d) for d in devices], None)
     size, n = shape_of(u)[axis], len(devices)
     if not isinstance(size, int) or size % n:
-        raise ValueError(
+        raise InputError(
             f"can't shard axis {axis} of size {size} evenly over {n} devices; pad it to a multiple of {n}, shard "
             "another axis, or replicate (axis=None)"
         )
@@ -138,7 +139,7 @@ def reshard(u: UOp, axis: int | None) -> UOp:
         return replicate(u)
     n, size = len(u.src), shape_of(u)[axis]
     if size % n:
-        raise ValueError(f"can't shard axis {axis} of size {size} evenly over {n} devices")
+        raise InputError(f"can't shard axis {axis} of size {size} evenly over {n} devices")
     k = size // n
     if u.arg is None:  # each device already holds everything: keep its part, a view
         return multi([_shrink_axis(p, axis, i * k, (i + 1) * k) for i, p in enumerate(u.src)], axis)

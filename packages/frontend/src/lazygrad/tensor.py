@@ -295,7 +295,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             return Tensor._symbolic_arange(start, stop, step, dtype, device)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         if dtypes.is_bool(dt):
-            raise TypeError("arange can't make bool values (as torch); make an integer range and compare it")
+            raise KindError("arange can't make bool values (as torch); make an integer range and compare it")
         n = max(0, math.ceil((stop - start) / step))
         if dtype is None and n:
             # torch's int64 holds every value; ours is int32 while the values fit it
@@ -348,7 +348,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise InputError(f"linspace needs a non-negative number of steps, got {steps}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if dtypes.is_bool(dt):
-            raise TypeError("linspace can't make bool values (as torch); make a float range and compare it")
+            raise KindError("linspace can't make bool values (as torch); make a float range and compare it")
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device)
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
@@ -457,7 +457,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if x.shape != self.shape:
             x = x._broadcast_to(_broadcast_shape(x.shape, self.shape))
         if x.shape != self.shape:
-            raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
+            raise InputError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
         value = reshard_multi(x.uop, self.uop.arg)
         parts = [Tensor(t).assign(Tensor(v)).uop for t, v in zip(self.uop.src, value.src, strict=True)]
         self.uop = UOp(Ops.MULTI, self.dtype, tuple(parts), self.uop.arg)
@@ -470,10 +470,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         it on each (axis=None, replicated). Operations on it run on every device, each on its part; reading it
         (`.numpy()`, `.to(device)`) gathers the parts. A tensor already on several devices is re-sharded."""
         if not isinstance(devices, (tuple, list)) or not devices:
-            raise TypeError(f"shard needs a tuple of device names, e.g. ('CPU:0', 'CPU:1'), got {devices!r}")
+            raise KindError(f"shard needs a tuple of device names, e.g. ('CPU:0', 'CPU:1'), got {devices!r}")
         devs = tuple(Device.canonicalize(d) for d in devices)
         if len(set(devs)) != len(devs):
-            raise ValueError(f"shard over the devices {devs} names a device twice")
+            raise InputError(f"shard over the devices {devs} names a device twice")
         ax = None if axis is None else _normalize_axis(axis, self.ndim)
         if self.uop.op is Ops.MULTI:
             if self.device == devs:
@@ -487,10 +487,10 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         concatenated along `axis`, or each the whole value (None). Data already split on the host goes straight to
         its device this way, with no copy between devices."""
         if not parts or any(isinstance(p.device, tuple) for p in parts):
-            raise TypeError("from_shards takes a non-empty sequence of tensors, each on one device")
+            raise KindError("from_shards takes a non-empty sequence of tensors, each on one device")
         ax = None if axis is None else _normalize_axis(axis, parts[0].ndim)
         if len({(p.shape, p.dtype) for p in parts}) != 1:
-            raise ValueError(f"the parts must have one shape and dtype, got {[(p.shape, p.dtype) for p in parts]}")
+            raise InputError(f"the parts must have one shape and dtype, got {[(p.shape, p.dtype) for p in parts]}")
         return Tensor(multi_uop([p.uop for p in parts], ax))
 
     def shard_(self, devices: Sequence[str], axis: int | None = None) -> Tensor:
@@ -1490,14 +1490,14 @@ def _int_size(s: Any) -> int:
     try:
         return operator.index(s)
     except TypeError:
-        raise TypeError(f"sizes and dimensions must be ints, got {type(s).__name__} {s!r}") from None
+        raise KindError(f"sizes and dimensions must be ints, got {type(s).__name__} {s!r}") from None
 
 
 def _creation_shape(shape: Any, what: str) -> tuple[int, ...]:
     """The shape argument of a creation function: ints (or symbolic sizes), none negative."""
     out = _shape_arg(shape)
     if any(isinstance(s, int) and s < 0 for s in out):
-        raise ValueError(f"{what} needs non-negative sizes, got shape {out}")
+        raise InputError(f"{what} needs non-negative sizes, got shape {out}")
     return out
 
 
@@ -1507,7 +1507,7 @@ def _unique_axes(axes: Sequence[Any], ndim: int, what: str) -> set[int]:
     for a in axes:
         d = _normalize_axis(a, ndim)
         if d in out:
-            raise ValueError(f"{what} got dimension {d} more than once in {tuple(axes)}; give each dimension once")
+            raise InputError(f"{what} got dimension {d} more than once in {tuple(axes)}; give each dimension once")
         out.add(d)
     return out
 

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lazygrad.errors import InputError
 from lazygrad.tensor import Tensor
 from lazygrad_uop.config import getenv
 
@@ -149,13 +150,13 @@ def parse_idx(data: bytes) -> np.ndarray:
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     if len(data) < 4 or data[:2] != b"\0\0" or data[2] not in _IDX_DTYPES:
-        raise ValueError("not an IDX file: it must start with two zero bytes and a known type code")
+        raise InputError("not an IDX file: it must start with two zero bytes and a known type code")
     ndim = data[3]
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
     dt = np.dtype(_IDX_DTYPES[data[2]])
     count = int(np.prod(dims))
     if len(data) != 4 + 4 * ndim + count * dt.itemsize:
-        raise ValueError(
+        raise InputError(
             f"IDX file of shape {dims} has {len(data)} bytes, expected {4 + 4 * ndim + count * dt.itemsize}"
         )
     return np.frombuffer(data, dtype=dt, offset=4 + 4 * ndim).reshape(dims).astype(dt.newbyteorder("="))
@@ -205,7 +206,7 @@ def parse_cifar(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         def batch(name: str) -> tuple[np.ndarray, np.ndarray]:
             member = tar.extractfile(f"cifar-10-batches-py/{name}")
             if member is None:
-                raise ValueError(f"the CIFAR-10 archive has no file cifar-10-batches-py/{name}")
+                raise InputError(f"the CIFAR-10 archive has no file cifar-10-batches-py/{name}")
             d = _ArraysOnly(member, encoding="bytes").load()
             return np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32), np.asarray(d[b"labels"], np.int64)
 

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from lazygrad.errors import InputError
 from lazygrad.tensor import Tensor
 from lazygrad_scheduler import attach_buffer, buffer_of, is_view_of_leaf, new_buffer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
@@ -98,7 +99,7 @@ def load_state_dict(
         if not isinstance(src, Tensor):
             src = Tensor(np.asarray(src))
         if src.shape != v.shape:
-            raise ValueError(f"{k}: the state dict has shape {src.shape}, the model {v.shape}")
+            raise InputError(f"{k}: the state dict has shape {src.shape}, the model {v.shape}")
         if not is_view_of_leaf(v.uop):
             # memory of its own: sharing the state dict's buffer would tie this model to every other user of it
             v.uop = Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).uop
