@@ -16,6 +16,8 @@ from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
+from lazygrad_uop.shape import shape_of
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -28,11 +30,18 @@ def renderer_of(device: str) -> Renderer | None:
     return getattr(Device[device], "renderer", None)
 
 
+def broadcast_along(u: UOp, axes: tuple[int, ...]) -> bool:
+    """Whether `u` is a broadcast (an EXPAND from size 1) along every one of `axes`: its value doesn't change over a
+    reduction of them, which codegen lowers to one step's value times the count (exact, and one kernel), so
+    splitting it would only add rounding and a kernel."""
+    return u.op is Ops.EXPAND and all(shape_of(u.src[0])[a] == 1 for a in axes)
+
+
 def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     """`x` reduced with `op` over `axes` (sorted, normalised, keeping them as size 1) in parts, or None when the
     reduction is better left whole (or has a symbolic size)."""
     shape = x.shape
-    if not all(isinstance(d, int) for d in shape):
+    if not all(isinstance(d, int) for d in shape) or broadcast_along(x.uop, axes):
         return None
     length = math.prod(shape[a] for a in axes)
     outputs = math.prod(d for a, d in enumerate(shape) if a not in axes)
