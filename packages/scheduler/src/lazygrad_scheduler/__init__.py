@@ -4,7 +4,7 @@ from lazygrad_scheduler.buffers import attach_buffer, buffer_of, new_buffer
 from lazygrad_scheduler.kernelize import Kernel, is_kernelized, is_leaf, is_view_of_leaf, kernelize
 from lazygrad_scheduler.schedule import ScheduleError, ScheduleItem, create_schedule
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Kernel",
