@@ -73,23 +73,14 @@ def convnet_step() -> Callable[[], object]:
     """examples/train_digits.py's conv net: the first Adam training step on a batch of 64 random 8x8 images."""
     import numpy as np
 
-    from lazygrad import Tensor, TinyJit
+    from lazygrad import Tensor
     from lazygrad.nn.optim import Adam
     from lazygrad.nn.state import get_parameters
 
     d = example("train_digits")
     Tensor.manual_seed(0)
     model = d.DigitsNet()
-    opt = Adam(get_parameters(model), lr=1e-2)
-
-    @TinyJit
-    @Tensor.train()
-    def train_step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        opt.step()
-        return loss
+    train_step = d.make_train_step(model, Adam(get_parameters(model), lr=1e-2))
 
     rng = np.random.default_rng(0)
     x = rng.random((64, 1, 8, 8), dtype=np.float32)

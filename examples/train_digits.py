@@ -51,6 +51,22 @@ def accuracy(model: DigitsNet, x: np.ndarray, y: np.ndarray) -> float:
     return float((pred == y).mean())
 
 
+def make_train_step(model: DigitsNet, opt: Adam) -> TinyJit:
+    """One jitted training step of `model` with `opt` on a batch `(x, y)`, returning the loss. From the third call on,
+    TinyJit replays the step's kernels: no graph building, scheduling or compiling."""
+
+    @TinyJit
+    @Tensor.train()
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return train_step
+
+
 def train(
     steps: int = 150, batch_size: int = 128, lr: float = 1e-2, seed: int = 0, progress: bool = True
 ) -> tuple[DigitsNet, float]:
@@ -63,16 +79,7 @@ def train(
     schedule = CosineAnnealingLR(opt, T_max=steps)
     rng = np.random.default_rng(seed)
 
-    # from the third call on, TinyJit replays the step's kernels: no graph building, scheduling or compiling
-    @TinyJit
-    @Tensor.train()
-    def train_step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    train_step = make_train_step(model, opt)
     bar = trange(steps, disable=not progress)
     for step in bar:
         idx = rng.integers(0, len(x_train), batch_size)

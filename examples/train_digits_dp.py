@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from train_digits import DigitsNet, accuracy, load_split
+from train_digits import DigitsNet, accuracy, load_split, make_train_step
 
 from lazygrad import Tensor, TinyJit
 from lazygrad.nn.lr_scheduler import CosineAnnealingLR
@@ -49,14 +49,7 @@ def train_in_process(
     opt = Adam(params, lr=lr)
     schedule = CosineAnnealingLR(opt, T_max=steps)
 
-    @TinyJit
-    @Tensor.train()
-    def train_step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        opt.step()
-        return loss
+    train_step = make_train_step(model, opt)
 
     losses, start = [], 0.0
     for step, idx in enumerate(_batches(steps, batch_size, len(x_train), seed)):
