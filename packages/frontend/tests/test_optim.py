@@ -124,7 +124,7 @@ def test_step_is_one_schedule_and_keeps_values_read_before_it() -> None:
     loss.backward()
     before = [p.numpy().copy() for p in get_parameters(model)]
     ref_loss = float(np.square(np.maximum(X[:, :4] @ before[0].T + before[1], 0) @ before[2].T + before[3]).mean())
-    with mock.patch.object(Tensor, "_realize_all", wraps=Tensor._realize_all) as realize_all:
+    with mock.patch.object(engine, "realize", wraps=engine.realize) as realize_all:
         opt.step()
     assert realize_all.call_count == 1, "a step must realize parameters, state and gradients in one schedule"
     # the loss and the gradients were built from the old weights; the step overwrote them, but kept those values

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from lazygrad_scheduler import buffer_of
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import buffer_of
 from lazygrad_uop.uop import UOp, eval_uop
 from lazygrad_uop.views import ShapeTracker
 

@@ -14,10 +14,11 @@ from graph_reference import Memory, evaluate_graph, execute_kernel, execute_sche
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lazygrad_scheduler import ScheduleItem, buffer_of, create_schedule, is_kernelized, kernelize, new_buffer
+from lazygrad_scheduler import ScheduleItem, create_schedule, kernelize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import shape_of
+from lazygrad_uop.tensor_graph import buffer_of, is_kernelized, new_buffer
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 

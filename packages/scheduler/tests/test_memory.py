@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import lazygrad_scheduler.memory as memory
-from lazygrad_scheduler import buffer_of, kernelize, new_buffer
+from lazygrad_scheduler import kernelize
 from lazygrad_scheduler.memory import intermediate_buffers, plan_memory, planned_bytes
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import buffer_of, new_buffer
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 

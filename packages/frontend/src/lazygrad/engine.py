@@ -1,5 +1,9 @@
 """Execution: compile each scheduled kernel once per device, run it, and report kernel statistics at DEBUG>=2.
 
+`realize(tensors)` is the whole of a realize: the tensors' graphs are kernelized (the scheduler), the live tensors
+rebound to what their nodes became, the kernels ordered (the scheduler) and run here, and autograd told what was
+computed. `Tensor.realize`, `Tensor.kernelize` and `Tensor.schedule` call these.
+
 A `ScheduleItem` is lowered to an `ExecItem`: a runner (a compiled kernel, or a copy between devices), the buffers
 it runs on and the values of its symbolic variables. `run_schedule` runs them in order, skipping kernels that write
 no elements (`has_no_work`); while a `TinyJit` captures (see `capturing`), the ExecItems it runs are also recorded
@@ -9,23 +13,28 @@ for replay.
 from __future__ import annotations
 
 import atexit
+import gc
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lazygrad.compiling import compile_kernels
 from lazygrad.counters import GlobalCounters
 from lazygrad.errors import InputError
+from lazygrad.gradient import realized_graphs
+from lazygrad.multi import device_uops
 from lazygrad_codegen import ProgramSpec
-from lazygrad_scheduler import ScheduleItem
-from lazygrad_scheduler.memory import plan_memory
+from lazygrad_scheduler import ScheduleItem, create_schedule, intermediate_buffers, kernelize, plan_memory
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Allocator, Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device, DeviceName
 from lazygrad_uop.uop import UOp, eval_uop, sint
+
+if TYPE_CHECKING:
+    from lazygrad.tensor import Tensor
 
 
 def sym_infer(x: sint, var_vals: Mapping[UOp, int]) -> int:
@@ -258,6 +267,68 @@ def run_schedule(items: list[ScheduleItem], intermediates: Collection[Buffer] = 
         if _captured is not None:
             _captured.append(ei)
         ei.run()
+
+
+def kernelize_tensors(tensors: Sequence[Tensor]) -> None:
+    """Cut the graphs of `tensors` into kernels: each realized node becomes ASSIGN(buffer, KERNEL) in every live
+    tensor's graph. Runs nothing."""
+    # tensor.py imports this module (Tensor.realize comes here); the live tensors are known only there
+    from lazygrad.tensor import _apply_becomes, _requires_grad_uops, _separate_twins
+
+    _separate_twins(list(tensors))
+    becomes = kernelize(_device_uops(tensors))
+    realized_graphs.commit(*realized_graphs.plan(becomes, _requires_grad_uops()))
+    _apply_becomes(becomes)
+
+
+def schedule_tensors(tensors: Sequence[Tensor]) -> list[ScheduleItem]:
+    """The kernels that realize `tensors`, in order (kernelizes them; runs nothing)."""
+    kernelize_tensors(tensors)
+    items, _ = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops(tensors))))
+    return items
+
+
+def realize(tensors: Iterable[Tensor]) -> None:
+    """Compute `tensors` in one schedule, so that they can share kernels."""
+    with _cycle_collector_paused():
+        _realize_now(list(tensors))
+
+
+def _realize_now(tensors: list[Tensor]) -> None:
+    from lazygrad.tensor import _apply_becomes, _requires_grad_uops, _separate_twins
+
+    _separate_twins(tensors)
+    becomes = kernelize(_device_uops(tensors))
+    # autograd keeps going through what this realize computes (see RealizedGraphs)
+    origins, written = realized_graphs.plan(becomes, _requires_grad_uops())
+    changed = _apply_becomes(becomes)
+    items, done = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops(tensors))))
+    # buffers that only kernels of this schedule read can share memory (the other tensors, and the graphs kept
+    # for autograd, can't reach them)
+    live = [*(t.uop for t in changed), *(v for v in origins.values() if v is not None)]
+    run_schedule(items, intermediate_buffers(becomes, live))
+    _apply_becomes({a: a.src[0] for a in done})
+    realized_graphs.commit(origins, written)
+
+
+def _device_uops(tensors: Iterable[Tensor]) -> list[UOp]:
+    """The single-device graphs of `tensors`: the parts of those on several devices, the others as they are."""
+    return [u for t in tensors for u in device_uops(t.uop)]
+
+
+@contextmanager
+def _cycle_collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a realize builds, schedules and compiles: those make and drop many
+    thousands of graph nodes, which reference counting frees (they form no cycles), and the collector's passes over
+    them cost about a quarter of a model's first step."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _report(name: str, device: str, seconds: float, ops: int, mem: int) -> None:

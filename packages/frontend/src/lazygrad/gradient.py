@@ -12,13 +12,12 @@ import weakref
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from lazygrad_scheduler.buffers import buffer_of
-from lazygrad_scheduler.kernelize import base_buffer, view_base
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
 from lazygrad_uop.shape import device_of, shape_of
+from lazygrad_uop.tensor_graph import base_buffer, buffer_of, view_base
 from lazygrad_uop.uop import UOp
 
 # *** tensor-graph builders: shapes must match exactly, so constants get one and sums keep their axes ***

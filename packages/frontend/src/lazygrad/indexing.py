@@ -22,9 +22,9 @@ import numpy as np
 from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.index_checks import record as record_index_check
 from lazygrad.movement import always_le, concrete_sizes, show_sizes, symbolic_bounds
-from lazygrad_scheduler.kernelize import view_base
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import view_base
 from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:

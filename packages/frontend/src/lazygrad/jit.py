@@ -36,14 +36,22 @@ from lazygrad.engine import CompiledRunner, ExecItem, capturing, report_graph
 from lazygrad.gradient import realized_graphs
 from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
-from lazygrad_scheduler import attach_buffer, buffer_of, is_kernelized, new_buffer
-from lazygrad_scheduler.kernelize import apply_movement, base_buffer, leaf_view, view_base
-from lazygrad_scheduler.memory import plan_memory
+from lazygrad_scheduler import plan_memory
 from lazygrad_uop.config import DEBUG, JIT
 from lazygrad_uop.device import Buffer, GraphError, GraphRunner, KernelLaunch
 from lazygrad_uop.dtype import DType
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
+from lazygrad_uop.tensor_graph import (
+    apply_movement,
+    attach_buffer,
+    base_buffer,
+    buffer_of,
+    is_kernelized,
+    leaf_view,
+    new_buffer,
+    view_base,
+)
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import gc
 import itertools
 import math
 import operator
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ContextDecorator, contextmanager
+from collections.abc import Sequence
+from contextlib import ContextDecorator
 from typing import Any, ClassVar
 
 import numpy as np
 
-from lazygrad import index_checks
+from lazygrad import engine, index_checks
 from lazygrad.elementwise import ElementwiseMixin
-from lazygrad.engine import device_of_name, run_schedule
+from lazygrad.engine import device_of_name
 from lazygrad.errors import InputError, KindError, RangeError
 from lazygrad.functional import FunctionalMixin
 from lazygrad.gradient import depends_on, graph_nodes, realized_graphs
@@ -32,10 +31,7 @@ from lazygrad.multi import shard as shard_uop
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
 from lazygrad.split_reduce import split_reduce
-from lazygrad_scheduler import attach_buffer, buffer_of, create_schedule, is_view_of_leaf, kernelize, new_buffer
-from lazygrad_scheduler.kernelize import apply_movement, base_buffer, is_leaf, leaf_view, view_base
-from lazygrad_scheduler.memory import intermediate_buffers
-from lazygrad_scheduler.schedule import ScheduleItem
+from lazygrad_scheduler import ScheduleItem
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import (
     DType,
@@ -50,6 +46,17 @@ from lazygrad_uop.dtype import (
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
 from lazygrad_uop.shape import device_of, resolve, shape_of
+from lazygrad_uop.tensor_graph import (
+    apply_movement,
+    attach_buffer,
+    base_buffer,
+    buffer_of,
+    is_leaf,
+    is_view_of_leaf,
+    leaf_view,
+    new_buffer,
+    view_base,
+)
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
@@ -80,11 +87,6 @@ def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
 def _requires_grad_uops() -> set[UOp]:
     # a tensor on several devices is a leaf through each of its parts
     return {u for t in list(_all_tensors) if t.requires_grad for u in (t.uop, *device_uops(t.uop))}
-
-
-def _device_uops(tensors: Iterable[Tensor]) -> list[UOp]:
-    """The single-device graphs of `tensors`: the parts of those on several devices, the others as they are."""
-    return [u for t in tensors for u in device_uops(t.uop)]
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
@@ -373,43 +375,18 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
 
     def kernelize(self, *others: Tensor) -> Tensor:
         """Cut the graphs of this tensor and `others` into kernels: each becomes ASSIGN(buffer, KERNEL)."""
-        _separate_twins([self, *others])
-        becomes = kernelize(_device_uops((self, *others)))
-        realized_graphs.commit(*realized_graphs.plan(becomes, _requires_grad_uops()))
-        _apply_becomes(becomes)
+        engine.kernelize_tensors((self, *others))
         return self
 
     def schedule(self, *others: Tensor) -> list[ScheduleItem]:
         """The kernels that realize this tensor and `others`, in order (kernelizes them; runs nothing)."""
-        self.kernelize(*others)
-        items, _ = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops((self, *others)))))
-        return items
+        return engine.schedule_tensors((self, *others))
 
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and `others`, in the same schedule so they can share kernels)."""
         # index checks not yet computed go along (they share the indices); they are read at the next read
-        Tensor._realize_all([self, *others, *index_checks.uncomputed()])
+        engine.realize([self, *others, *index_checks.uncomputed()])
         return self
-
-    @staticmethod
-    def _realize_all(tensors: Iterable[Tensor]) -> None:
-        with _cycle_collector_paused():
-            Tensor._realize_now(list(tensors))
-
-    @staticmethod
-    def _realize_now(tensors: list[Tensor]) -> None:
-        _separate_twins(tensors)
-        becomes = kernelize(_device_uops(tensors))
-        # autograd keeps going through what this realize computes (see RealizedGraphs)
-        origins, written = realized_graphs.plan(becomes, _requires_grad_uops())
-        changed = _apply_becomes(becomes)
-        items, done = create_schedule(UOp(Ops.SINK, src=tuple(_device_uops(tensors))))
-        # buffers that only kernels of this schedule read can share memory (the other tensors, and the graphs kept
-        # for autograd, can't reach them)
-        live = [*(t.uop for t in changed), *(v for v in origins.values() if v is not None)]
-        run_schedule(items, intermediate_buffers(becomes, live))
-        _apply_becomes({a: a.src[0] for a in done})
-        realized_graphs.commit(origins, written)
 
     def assign(self, x: Any) -> Tensor:
         """Overwrite this tensor's values with `x` in place (kernels that read the old values run first)."""
@@ -1360,21 +1337,6 @@ class _HostView:
         self._view, self._buf = view, buf
         address = ctypes.addressof(ctypes.c_char.from_buffer(view))
         self.__array_interface__ = {"shape": (buf.size,), "typestr": npdt.str, "data": (address, True), "version": 3}
-
-
-@contextmanager
-def _cycle_collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a realize builds, schedules and compiles: those make and drop many
-    thousands of graph nodes, which reference counting frees (they form no cycles), and the collector's passes over
-    them cost about a quarter of a model's first step."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _separate_twins(tensors: list[Tensor]) -> None:

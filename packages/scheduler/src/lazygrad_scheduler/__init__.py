@@ -1,21 +1,20 @@
-"""lazygrad-scheduler: turns a lazy tensor graph into kernels (`kernelize`) and orders them (`create_schedule`)."""
+"""lazygrad-scheduler: turns a lazy tensor graph into kernels (`kernelize`), orders them (`create_schedule`) and plans
+the memory of the buffers they use (`plan_memory`). The tensor-graph facts it builds on (`is_leaf`, `buffer_of`,
+`view_base`, ...) live in `lazygrad_uop.tensor_graph`."""
 
-from lazygrad_scheduler.buffers import attach_buffer, buffer_of, new_buffer
-from lazygrad_scheduler.kernelize import Kernel, is_kernelized, is_leaf, is_view_of_leaf, kernelize
+from lazygrad_scheduler.kernelize import Kernel, kernelize
+from lazygrad_scheduler.memory import intermediate_buffers, plan_memory, planned_bytes
 from lazygrad_scheduler.schedule import ScheduleError, ScheduleItem, create_schedule
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "Kernel",
     "ScheduleError",
     "ScheduleItem",
-    "attach_buffer",
-    "buffer_of",
     "create_schedule",
-    "is_kernelized",
-    "is_leaf",
-    "is_view_of_leaf",
+    "intermediate_buffers",
     "kernelize",
-    "new_buffer",
+    "plan_memory",
+    "planned_bytes",
 ]

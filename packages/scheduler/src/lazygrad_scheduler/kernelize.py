@@ -19,17 +19,26 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from lazygrad_scheduler.buffers import new_buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
-from lazygrad_uop.uop import UOp, _arg_key, sint
+from lazygrad_uop.tensor_graph import (
+    MOVEMENT,
+    apply_movement,
+    base_buffer,
+    is_kernelized,
+    is_leaf,
+    is_view_of_leaf,
+    leaf_view,
+    movement_chain,
+    new_buffer,
+    view_base,
+)
+from lazygrad_uop.uop import UOp, sint
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -46,84 +55,7 @@ class Kernel:
         return f"Kernel({len(stores)} store{'s' if len(stores) != 1 else ''}, {len(self.ast.toposort)} uops)"
 
 
-MOVEMENT = GroupOp.Movement | {Ops.VIEW}
 PASSTHROUGH = frozenset({Ops.DETACH})  # identity in the forward graph
-
-
-def is_kernelized(u: UOp) -> bool:
-    """True for ASSIGN(target, KERNEL): a node whose value a scheduled kernel writes."""
-    return u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL
-
-
-def is_leaf(u: UOp) -> bool:
-    """True for nodes whose value is in memory (or will be once their kernel runs)."""
-    return u.op is Ops.BUFFER or is_kernelized(u)
-
-
-def view_base(u: UOp) -> UOp:
-    """The node under a chain of movement ops."""
-    while u.op in MOVEMENT and u.src:
-        u = u.src[0]
-    return u
-
-
-def base_buffer(leaf: UOp) -> UOp:
-    """The BUFFER node a leaf's bytes live in."""
-    if leaf.op is Ops.BUFFER:
-        return leaf
-    target = leaf.src[0]
-    return view_base(target) if target.op is not Ops.BUFFER else target
-
-
-def leaf_view(leaf: UOp) -> ShapeTracker:
-    """How a leaf's value is laid out in its buffer."""
-    if leaf.op is Ops.BUFFER:
-        return ShapeTracker.from_shape((leaf.arg,))
-    return apply_movement(ShapeTracker.from_shape((base_buffer(leaf).arg,)), _movement_chain(leaf.src[0]))
-
-
-def _movement_chain(u: UOp) -> list[UOp]:
-    """The movement ops on the way from `u` down to its base, leaf-first."""
-    chain = []
-    while u.op in MOVEMENT and u.src:
-        chain.append(u)
-        u = u.src[0]
-    return chain[::-1]
-
-
-def apply_movement(st: ShapeTracker, ops: list[UOp]) -> ShapeTracker:
-    """`st` with movement nodes `ops` applied in order (leaf first)."""
-    return _moved(st, tuple((m.op, _arg_key(m.arg), m.arg) for m in ops))
-
-
-# The same views through the same movements recur in every kernel that reads a tensor (forward, backward, update)
-# and in every realize of a model. Keyed by the ops' (op, arg), not the nodes, which would keep their graphs (and
-# buffers) alive; with the arg's interning key, which tells True from 1 where the arg alone would not.
-@functools.lru_cache(maxsize=1 << 15)
-def _moved(st: ShapeTracker, ops: tuple[tuple[Ops, Any, Any], ...]) -> ShapeTracker:
-    for op, _, arg in ops:
-        if op is Ops.VIEW:
-            st = st + arg
-        elif op is Ops.RESHAPE:
-            st = st.reshape(arg)
-        elif op is Ops.EXPAND:
-            st = st.expand(arg)
-        elif op is Ops.PERMUTE:
-            st = st.permute(arg)
-        elif op is Ops.PAD:
-            st = st.pad(arg)
-        elif op is Ops.SHRINK:
-            st = st.shrink(arg)
-        elif op is Ops.FLIP:
-            st = st.flip(arg)
-        else:
-            raise AssertionError(f"{op} is not a movement op")
-    return st
-
-
-def is_view_of_leaf(u: UOp) -> bool:
-    """True when `u` is a leaf or movement ops over one: realizing it needs no kernel."""
-    return is_leaf(view_base(u))
 
 
 # *** deciding what to realize ***
@@ -367,7 +299,7 @@ def _bytes_read(node: UOp, group: _Group) -> int:
 def output_root(o: UOp) -> UOp:
     """The node to store for output `o`. A permuted, padded, ... view of a node that is stored anyway (or that would
     need its own kernel behind the view) is stored as that node and read through the view, without a copy."""
-    base, chain = view_base(o), _movement_chain(o)
+    base, chain = view_base(o), movement_chain(o)
     if base is o or base.op is Ops.CONST:
         return o
     if base.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or any(m.op is not Ops.RESHAPE for m in chain):
@@ -661,7 +593,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
                 if not is_leaf(leaf):
                     raise ValueError("assign target must be a realized tensor (or a view of one); realize it first")
                 buf = base_buffer(leaf)
-                st = apply_movement(leaf_view(leaf), _movement_chain(target))
+                st = apply_movement(leaf_view(leaf), movement_chain(target))
                 outs.append((buf, st))
                 targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
             else:
@@ -738,7 +670,7 @@ def _is_whole_leaf(u: UOp) -> bool:
     base = view_base(u)
     if not is_leaf(base):
         return False
-    st = apply_movement(leaf_view(base), _movement_chain(u))
+    st = apply_movement(leaf_view(base), movement_chain(u))
     return st.contiguous and st.size == base_buffer(base).arg
 
 

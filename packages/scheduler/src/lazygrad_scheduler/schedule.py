@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lazygrad_scheduler.buffers import buffer_of
-from lazygrad_scheduler.kernelize import base_buffer, is_kernelized
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import base_buffer, buffer_of, is_kernelized
 from lazygrad_uop.uop import UOp
 
 

@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from lazygrad.errors import InputError
 from lazygrad.multi import device_uops
 from lazygrad.tensor import Tensor, _all_tensors
-from lazygrad_scheduler import is_view_of_leaf
-from lazygrad_scheduler.kernelize import base_buffer, view_base
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import base_buffer, is_view_of_leaf, view_base
 from lazygrad_uop.uop import UOp
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Muon", "Optimizer", "OptimizerGroup"]

@@ -24,10 +24,10 @@ import numpy as np
 
 from lazygrad.errors import InputError
 from lazygrad.tensor import Tensor
-from lazygrad_scheduler import attach_buffer, buffer_of, is_view_of_leaf, new_buffer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
+from lazygrad_uop.tensor_graph import attach_buffer, buffer_of, is_view_of_leaf, new_buffer
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
