@@ -18,6 +18,7 @@ from lazygrad_codegen.search import ACTIONS
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker, View
 
@@ -197,7 +198,7 @@ def run_python(ast: UOp, renderer: Renderer, opts: list[Opt] | None, inputs: dic
     """Compile `ast` with `opts` for a PYTHON renderer and run it; returns (outputs by slot, spec)."""
     py = pytest.importorskip("lazygrad_python")
     spec = get_program(ast, renderer, opts)
-    prg = py.PythonProgram(spec.name, py.PythonCompiler().compile(spec.src))
+    prg = py.PythonProgram(Device["PYTHON"], spec.name, py.PythonCompiler().compile(spec.src))
     arrays = _arrays(ast, inputs)
     mems = {slot: memoryview(bytearray(a.tobytes())) for slot, a in arrays.items()}
     prg(*(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size)
@@ -216,7 +217,7 @@ def run_device(ast: UOp, device: Any, opts: list[Opt] | None, inputs: dict[int, 
     from lazygrad_uop.device import Buffer
 
     spec: ProgramSpec = get_program(ast, renderer or device.renderer, opts)
-    prg = device.runtime(spec.name, device.compiler.compile(spec.src))
+    prg = device.load_program(spec.name, device.compiler.compile(spec.src))
     arrays = _arrays(ast, inputs)
     bufs = {}
     for slot, a in arrays.items():

@@ -106,7 +106,7 @@ def run_on_python_device(spec: Any, m: int, n: int, k: int, dtype_in: DType) -> 
     b_raw, b = encode(RNG.standard_normal((k, n)), dtype_in)
     mems = {0: memoryview(bytearray(4 * m * n)), 1: memoryview(bytearray(a_raw)), 2: memoryview(bytearray(b_raw))}
     lib = python_device.PythonCompiler().compile(program_text.render_program(spec.uops))
-    program = python_device.PythonProgram(spec.name, lib)
+    program = python_device.PythonProgram(Device["PYTHON"], spec.name, lib)
     program(*(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size)
     got = np.frombuffer(bytes(mems[0]), np.float32).reshape(m, n)
     return got, a.reshape(m, k) @ b.reshape(k, n)

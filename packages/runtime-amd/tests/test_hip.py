@@ -254,7 +254,7 @@ def python_executor(spec: Any, args: list[dict[str, Any]], sizes: list[int]) -> 
     from lazygrad_python import PythonCompiler, PythonProgram
     from lazygrad_python.program_text import render_program
 
-    program = PythonProgram(spec.name, PythonCompiler().compile(render_program(spec.uops)))
+    program = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(render_program(spec.uops)))
 
     def run(fake: FakeHIP, launch: Launch) -> None:
         addrs = [int.from_bytes(launch.kernargs[a[".offset"] : a[".offset"] + 8], "little") for a in args]
@@ -316,7 +316,7 @@ def test_launch_through_the_fake_runtime(fake: FakeHIP, arch: str) -> None:
     bufs = [device.allocator.alloc(4 * n) for _ in range(3)]
     device.allocator.copyin(bufs[1], memoryview(a.tobytes()))
     device.allocator.copyin(bufs[2], memoryview(b.tobytes()))
-    program = device.runtime(c.spec.name, c.lib)
+    program = device.load_program(c.spec.name, c.lib)
     assert fake.modules[program.module.value] == c.lib  # the whole image, found through its ELF header
 
     elapsed = program(*bufs, global_size=c.spec.global_size, local_size=c.spec.local_size, wait=True)
@@ -371,7 +371,7 @@ def test_tensor_core_matmul_through_the_fake_runtime(fake: FakeHIP, arch: str) -
     bufs = [device.allocator.alloc(size) for size in (4 * m * n, 2 * m * k, 2 * k * n)]
     device.allocator.copyin(bufs[1], memoryview(a.tobytes()))
     device.allocator.copyin(bufs[2], memoryview(b.tobytes()))
-    device.runtime(c.spec.name, c.lib)(*bufs, global_size=c.spec.global_size, local_size=c.spec.local_size)
+    device.load_program(c.spec.name, c.lib)(*bufs, global_size=c.spec.global_size, local_size=c.spec.local_size)
     out = bytearray(4 * m * n)
     device.allocator.copyout(memoryview(out), bufs[0])
     want = a.astype(np.float64) @ b.astype(np.float64)
@@ -382,7 +382,7 @@ def test_tensor_core_matmul_through_the_fake_runtime(fake: FakeHIP, arch: str) -
 def test_launch_refuses_what_the_code_object_does_not_allow(fake: FakeHIP) -> None:
     device = HIPDevice("HIP")
     c = compile_for("gfx1100", elementwise_ast(256))
-    program = device.runtime(c.spec.name, c.lib)
+    program = device.load_program(c.spec.name, c.lib)
     bufs = [device.allocator.alloc(1024) for _ in range(3)]
     group = int(np.prod(c.spec.local_size))
     with pytest.raises(ValueError, match=f"compiled for at most {group}"):
@@ -393,14 +393,14 @@ def test_launch_refuses_what_the_code_object_does_not_allow(fake: FakeHIP) -> No
         program(*bufs, global_size=(2**31, 1, 1), local_size=c.spec.local_size)
     assert not fake.launches
     with pytest.raises(HIPError, match="no metadata for it"):
-        device.runtime("not_a_kernel", c.lib)
+        device.load_program("not_a_kernel", c.lib)
 
 
 @needs_code_objects
 def test_hip_errors_name_the_call_and_free_the_events(fake: FakeHIP) -> None:
     device = HIPDevice("HIP")
     c = compile_for("gfx1100", elementwise_ast(64))
-    program = device.runtime(c.spec.name, c.lib)
+    program = device.load_program(c.spec.name, c.lib)
     bufs = [device.allocator.alloc(256) for _ in range(3)]
     fake.fail["hipModuleLaunchKernel"] = 500
     with pytest.raises(HIPError, match=r"hipModuleLaunchKernel of .* failed: hipErrorNotFound \(HIP error 500\)"):

@@ -25,7 +25,7 @@ def dev() -> CLDevice:
 
 def run(dev: CLDevice, src: str, name: str, arrays: list[np.ndarray], **launch) -> list[np.ndarray]:
     """Compile and run kernel `name` of `src` on copies of `arrays`; return them after the run."""
-    prg = dev.runtime(name, dev.compiler.compile(src))
+    prg = dev.load_program(name, dev.compiler.compile(src))
     bufs = []
     for a in arrays:
         b = dev.allocator.alloc(max(a.nbytes, 1))
@@ -45,7 +45,7 @@ def test_build_failure_shows_the_build_log(dev: CLDevice) -> None:
 
 def test_global_id_kernels_let_the_driver_pick_the_group_and_report_time(dev: CLDevice) -> None:
     src = "__kernel void k(__global float* a, const int n) { int i = get_global_id(0); a[i] = i * n; }"
-    prg = dev.runtime("k", dev.compiler.compile(src))
+    prg = dev.load_program("k", dev.compiler.compile(src))
     assert prg.work_group is None
     buf = dev.allocator.alloc(4 * 1000)
     seconds = prg(buf, global_size=(1000, 1, 1), vals=(3,), wait=True)
@@ -66,7 +66,7 @@ def test_work_group_kernels_launch_groups_of_their_size(dev: CLDevice) -> None:
     (out,) = run(dev, src, "k", [np.zeros(3 * 2 * 8, np.int32)], global_size=(3, 2, 1), local_size=(4, 2, 1))
     want = [100 * (gx + 10 * gy) + lane for gy in range(2) for gx in range(3) for lane in range(8)]
     np.testing.assert_array_equal(out, np.array(want, np.int32))
-    prg = dev.runtime("k", dev.compiler.compile(src))
+    prg = dev.load_program("k", dev.compiler.compile(src))
     with pytest.raises(ValueError, match=r"built for work-groups of \(4, 2, 1\)"):
         prg(dev.allocator.alloc(4), global_size=(1, 1, 1), local_size=(1, 1, 1))
 

@@ -99,7 +99,7 @@ def run_with_opts(out: Tensor, opts: list[Opt]) -> tuple[str, np.ndarray]:
     dev = Device["CL"]
     (si,) = [si for si in out.schedule() if si.ast.op is Ops.SINK]
     spec = get_program(si.ast, dev.renderer, opts)
-    prg = dev.runtime(spec.name, dev.compiler.compile(spec.src))
+    prg = dev.load_program(spec.name, dev.compiler.compile(spec.src))
     for b in si.bufs:
         if not b.is_allocated:
             b.allocate()
@@ -225,7 +225,7 @@ def test_bool_vectors_in_local_memory() -> None:
     src = OpenCLRenderer().render(uops)
     assert "__local uchar temp0[16];" in src and ", 0, (temp0+" in src
     dev = Device["CL"]
-    prg = dev.runtime("bool_local", dev.compiler.compile(src))
+    prg = dev.load_program("bool_local", dev.compiler.compile(src))
     a = RNG.standard_normal(16) > 0
     bufs = [dev.allocator.alloc(16), dev.allocator.alloc(16)]
     dev.allocator.copyin(bufs[1], memoryview(a.astype(np.uint8)))
@@ -249,7 +249,7 @@ def test_three_element_vectors_use_vload3() -> None:
     src = OpenCLRenderer().render(_ordered(out, x, gid, st, UOp(Ops.SINK, dtypes.void, arg="vec3")))
     assert "vload3(0, " in src and "vstore3(" in src
     dev = Device["CL"]
-    prg = dev.runtime("vec3", dev.compiler.compile(src))
+    prg = dev.load_program("vec3", dev.compiler.compile(src))
     a = np.arange(12, dtype=np.int32)
     bufs = [dev.allocator.alloc(48), dev.allocator.alloc(48)]
     dev.allocator.copyin(bufs[1], memoryview(a).cast("B"))

@@ -32,7 +32,7 @@ def dev() -> CLDevice:
 def _run(dev: CLDevice, ast, opts: list[Opt], inputs: dict[int, np.ndarray], out: np.ndarray) -> np.ndarray:
     spec = get_program(ast, dev.renderer, opts)
     assert Ops.BARRIER in {u.op for u in spec.uops} and "__local" in spec.src
-    prg = dev.runtime(spec.name, dev.compiler.compile(spec.src))
+    prg = dev.load_program(spec.name, dev.compiler.compile(spec.src))
     arrays = {0: out, **inputs}
     bufs = {}
     for slot, a in arrays.items():

@@ -37,7 +37,7 @@ def run_kernel(
 ) -> tuple[dict[int, np.ndarray], ProgramSpec]:
     """Compile and run `ast` with `inputs` (slot -> array) and return every output slot's contents."""
     spec = get_program(ast, device.renderer)
-    program = device.runtime(spec.name, device.compiler.compile(spec.src))
+    program = device.load_program(spec.name, device.compiler.compile(spec.src))
     handles, outs = {}, {}
     for slot, buf in sorted(_buffers(ast).items()):
         dtype = buf.dtype.base

@@ -120,7 +120,7 @@ def test_alignment_and_as_buffer_is_the_memory_itself(cpu, run, k) -> None:
     # a kernel's write shows up in the numpy view without any copy
     st = k.st(10)
     spec = get_program(k.sink(k.store(0, k.const(3.5, dtypes.float32, st), st)), cpu.renderer)
-    CPUProgram(spec.name, cpu.compiler.compile(spec.src))(handle, global_size=spec.global_size)
+    CPUProgram(cpu, spec.name, cpu.compiler.compile(spec.src))(handle, global_size=spec.global_size)
     np.testing.assert_array_equal(view, 3.5)
     # and a write through the view is what the device reads
     view[:] = np.arange(10)
@@ -200,7 +200,7 @@ def test_fused_sum_matches_numpy(run, k) -> None:
 
 def test_program_runs_and_times(cpu, k) -> None:
     spec = get_program(_sum_kernel(k, 64), cpu.renderer)
-    prg = CPUProgram(spec.name, cpu.compiler.compile(spec.src))
+    prg = CPUProgram(cpu, spec.name, cpu.compiler.compile(spec.src))
     out, inp = cpu.allocator.alloc(4), cpu.allocator.alloc(256)
     cpu.allocator.copyin(inp, memoryview(np.ones(64, np.float32)).cast("B"))
     elapsed = prg(out, inp, wait=True)
@@ -229,7 +229,7 @@ def test_kernels_use_the_hosts_widest_vectors(cpu, k) -> None:
 def test_program_with_missing_function_name(cpu, k) -> None:
     spec = get_program(_sum_kernel(k, 8), cpu.renderer)
     with pytest.raises(RuntimeError, match="no function"):
-        CPUProgram("not_" + spec.name, cpu.compiler.compile(spec.src))
+        CPUProgram(cpu, "not_" + spec.name, cpu.compiler.compile(spec.src))
 
 
 def test_debug_prints_source_and_uops(cpu, k, capsys) -> None:

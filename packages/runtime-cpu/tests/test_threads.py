@@ -81,7 +81,7 @@ def row_sum_program(rows: int, cols: int) -> list[UOp]:
 
 def compile_program(cpu: CompiledDevice, uops: list[UOp]) -> tuple[CPUProgram, str]:
     src = cpu.renderer.render(uops)
-    return CPUProgram(uops[-1].arg, cpu.compiler.compile(src)), src
+    return CPUProgram(cpu, uops[-1].arg, cpu.compiler.compile(src)), src
 
 
 def alloc_like(cpu: CompiledDevice, x: np.ndarray):

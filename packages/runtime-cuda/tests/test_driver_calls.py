@@ -93,7 +93,7 @@ def test_transfers_on_one_gpu_and_between_two(fake: FakeDriver) -> None:
 
 def test_launch_arguments_and_timing(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog = gpu.runtime("E_4", b"\x7fELF stand-in cubin")
+    prog = gpu.load_program("E_4", b"\x7fELF stand-in cubin")
     bufs = [gpu.allocator.alloc(16), gpu.allocator.alloc(16)]
     fake.param_shape = (2, 2)
     assert prog(*bufs, global_size=(4, 2, 1), local_size=(32, 1, 1), vals=(7, -3)) is None

@@ -32,7 +32,7 @@ def _from_gpu(gpu: CUDADevice, buf, like: np.ndarray) -> np.ndarray:
 
 def _program(gpu: CUDADevice, uops: list[UOp]):
     name = uops[-1].arg
-    return gpu.runtime(name, gpu.compiler.compile(gpu.renderer.render(uops)))
+    return gpu.load_program(name, gpu.compiler.compile(gpu.renderer.render(uops)))
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -59,7 +59,7 @@ def _stand_in_harness(fake: FakeDriver) -> GraphHarness:
 
     def program(name: str, other: bool = False):
         fake.kernels[name] = FakeKernel(3, 1, host_add)
-        return gpus[other].runtime(name, STAND_IN_CUBIN)
+        return gpus[other].load_program(name, STAND_IN_CUBIN)
 
     return _harness(gpus[False], program, block=4)
 
@@ -70,7 +70,7 @@ def _stand_in_harness(fake: FakeDriver) -> GraphHarness:
 @no_driver
 def test_nodes_are_chained_in_order_and_instantiated(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog = gpu.runtime("E_4", STAND_IN_CUBIN)
+    prog = gpu.load_program("E_4", STAND_IN_CUBIN)
     a, b, c = (gpu.allocator.alloc(16) for _ in range(3))
     fake.param_shape = (2, 1)
     launches = [
@@ -99,7 +99,7 @@ def test_nodes_are_chained_in_order_and_instantiated(fake: FakeDriver) -> None:
 @no_driver
 def test_replays_launch_on_the_stream_and_time_with_events(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog = gpu.runtime("E_4", STAND_IN_CUBIN)
+    prog = gpu.load_program("E_4", STAND_IN_CUBIN)
     a = gpu.allocator.alloc(16)
     fake.param_shape = (1, 0)
     g = graph.CUDAGraph(gpu, [KernelLaunch(prog, (a,)), KernelLaunch(prog, (a,))])
@@ -121,7 +121,7 @@ def test_replays_launch_on_the_stream_and_time_with_events(fake: FakeDriver) -> 
 @no_driver
 def test_update_patches_only_the_changed_nodes_of_the_executable_graph(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog = gpu.runtime("E_4", STAND_IN_CUBIN)
+    prog = gpu.load_program("E_4", STAND_IN_CUBIN)
     a, b, c = (gpu.allocator.alloc(16) for _ in range(3))
     fake.param_shape = (2, 1)
     launches = [KernelLaunch(prog, (a, b), (4, 1, 1), vals=(0,)), KernelLaunch(prog, (b, c), (4, 1, 1), vals=(1,))]
@@ -146,7 +146,7 @@ def test_update_patches_only_the_changed_nodes_of_the_executable_graph(fake: Fak
 @no_driver
 def test_what_the_graph_cant_batch_is_a_graph_error(fake: FakeDriver) -> None:
     gpu, gpu1 = device.CUDADevice("CUDA"), device.CUDADevice("CUDA:1")
-    prog, prog1 = gpu.runtime("E_4", STAND_IN_CUBIN), gpu1.runtime("E_4", STAND_IN_CUBIN)
+    prog, prog1 = gpu.load_program("E_4", STAND_IN_CUBIN), gpu1.load_program("E_4", STAND_IN_CUBIN)
     a = gpu.allocator.alloc(16)
     fake.param_shape = (1, 0)
     with pytest.raises(GraphError, match="at least one"):
@@ -160,7 +160,7 @@ def test_what_the_graph_cant_batch_is_a_graph_error(fake: FakeDriver) -> None:
     assert "cuGraphCreate" not in fake.names(), "launches are checked before the driver is asked for anything"
     g = graph.CUDAGraph(gpu, [KernelLaunch(prog, (a,))])
     with pytest.raises(GraphError, match="build a new graph"):
-        g.update({0: KernelLaunch(gpu.runtime("E_8", STAND_IN_CUBIN), (a,))})
+        g.update({0: KernelLaunch(gpu.load_program("E_8", STAND_IN_CUBIN), (a,))})
     with pytest.raises(GraphError, match="positive"):
         g.update({0: KernelLaunch(prog, (a,), local_size=(1, 0, 1))})
     assert "cuGraphExecKernelNodeSetParams" not in fake.names()
@@ -170,7 +170,7 @@ def test_what_the_graph_cant_batch_is_a_graph_error(fake: FakeDriver) -> None:
 @pytest.mark.parametrize("call", ["cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiate"])
 def test_a_graph_the_driver_cant_build_is_a_graph_error_naming_the_call(fake: FakeDriver, call: str) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog, a = gpu.runtime("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
+    prog, a = gpu.load_program("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
     fake.param_shape = (1, 0)
     fake.fail[call] = real_driver.CUresult.CUDA_ERROR_NOT_SUPPORTED
     with pytest.raises(GraphError, match=f"graph of 2 kernels on CUDA: {call}.* CUDA_ERROR_NOT_SUPPORTED") as info:
@@ -183,7 +183,7 @@ def test_a_graph_the_driver_cant_build_is_a_graph_error_naming_the_call(fake: Fa
 @no_driver
 def test_driver_failures_updating_or_launching_raise_cuda_errors(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog, a = gpu.runtime("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
+    prog, a = gpu.load_program("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
     fake.param_shape = (1, 0)
     g = graph.CUDAGraph(gpu, [KernelLaunch(prog, (a,))])
     fake.fail["cuGraphExecKernelNodeSetParams"] = real_driver.CUresult.CUDA_ERROR_INVALID_VALUE
@@ -200,7 +200,7 @@ def test_driver_failures_updating_or_launching_raise_cuda_errors(fake: FakeDrive
 @no_driver
 def test_graph_frees_its_driver_objects(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
-    prog, a = gpu.runtime("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
+    prog, a = gpu.load_program("E_4", STAND_IN_CUBIN), gpu.allocator.alloc(16)
     fake.param_shape = (1, 0)
     g = graph.CUDAGraph(gpu, [KernelLaunch(prog, (a,))])
     g(wait=True)
@@ -303,7 +303,7 @@ def gpu_harness(gpu: device.CUDADevice) -> Iterator[GraphHarness]:
         if (name, other) not in programs:
             target = gpu if not other else device.CUDADevice("CUDA")
             lib = gpu.compiler.compile(gpu.renderer.render(add_kernel_uops(name, 32)))
-            programs[(name, other)] = target.runtime(name, lib)
+            programs[(name, other)] = target.load_program(name, lib)
         return programs[(name, other)]
 
     yield _harness(gpu, program, block=32)

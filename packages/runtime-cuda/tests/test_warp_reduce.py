@@ -16,6 +16,7 @@ from lazygrad_codegen.kernel_ast import row_reduce
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 
 R = CUDARenderer("sm_80")
@@ -25,7 +26,9 @@ RNG = np.random.default_rng(9)
 def run_on_python(spec, rows: int, x: np.ndarray) -> np.ndarray:
     """The linear program of `spec` (lowered for CUDA) run by the PYTHON interpreter."""
     py = pytest.importorskip("lazygrad_python")
-    prg = py.PythonProgram(spec.name, py.PythonCompiler().compile(py.PythonRenderer().render(spec.uops)))
+    prg = py.PythonProgram(
+        Device["PYTHON"], spec.name, py.PythonCompiler().compile(py.PythonRenderer().render(spec.uops))
+    )
     out = memoryview(bytearray(rows * x.itemsize))
     prg(out, memoryview(bytearray(x.tobytes())), global_size=spec.global_size, local_size=spec.local_size)
     return np.frombuffer(bytes(out), x.dtype)
@@ -102,7 +105,7 @@ def test_every_dtype_shuffles(dtype: DType, tmp_path: Path) -> None:
     compile_everywhere(src, f"shfl_{dtype.name.replace(' ', '_')}", tmp_path)
     if dtype not in (dtypes.bfloat16,):
         py = pytest.importorskip("lazygrad_python")
-        prg = py.PythonProgram("k", py.PythonCompiler().compile(py.PythonRenderer().render(uops)))
+        prg = py.PythonProgram(Device["PYTHON"], "k", py.PythonCompiler().compile(py.PythonRenderer().render(uops)))
         npdt = to_numpy_dtype(dtype)
         x = (np.arange(32) % 2 == 0) if dtype == dtypes.bool else (np.arange(32) - 7).astype(npdt)
         res = memoryview(bytearray(32 * x.itemsize))

@@ -48,7 +48,7 @@ def dev(fake: FakeMetal) -> MetalDevice:
 
 
 def program(dev: MetalDevice, name: str):
-    return dev.runtime(name, dev.compiler.compile(KERNEL.format(name=name)))
+    return dev.load_program(name, dev.compiler.compile(KERNEL.format(name=name)))
 
 
 def commands(fake: FakeMetal, graph: MetalGraph) -> list[dict]:
@@ -359,7 +359,7 @@ def mac_harness() -> GraphHarness:
         if (name, other) not in programs:
             target = MetalDevice("METAL") if other else dev
             lib = target.compiler.compile(target.renderer.render(add_kernel_uops(name, 32)))
-            programs[(name, other)] = target.runtime(name, lib)
+            programs[(name, other)] = target.load_program(name, lib)
         return programs[(name, other)]
 
     return _harness(dev, program_of, block=32)

@@ -14,6 +14,7 @@ from lazygrad_metal.renderer import MAX_THREADS_PER_THREADGROUP, SIMD_WIDTH, THR
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 
 
@@ -28,7 +29,7 @@ def msl(tmp_path: Path):
 def run_python(uops: list[UOp], *arrays: np.ndarray, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=()) -> list:
     """Run `uops` on the PYTHON interpreter over copies of `arrays` (slot order) and return them afterwards."""
     lp = pytest.importorskip("lazygrad_python", reason="running linear programs needs lazygrad-runtime-python")
-    prg = lp.PythonProgram("kernel", lp.PythonCompiler().compile(lp.PythonRenderer().render(uops)))
+    prg = lp.PythonProgram(Device["PYTHON"], "kernel", lp.PythonCompiler().compile(lp.PythonRenderer().render(uops)))
     mems = [memoryview(bytearray(np.ascontiguousarray(a).tobytes())) for a in arrays]
     prg(*mems, global_size=global_size, local_size=local_size, vals=tuple(vals))
     return [np.frombuffer(bytes(m), a.dtype).reshape(a.shape) for m, a in zip(mems, arrays)]

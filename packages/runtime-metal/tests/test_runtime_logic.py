@@ -37,7 +37,7 @@ def dev(fake: FakeMetal) -> MetalDevice:
 
 
 def program(dev: MetalDevice, name: str):
-    return dev.runtime(name, dev.compiler.compile(KERNEL.format(name=name)))
+    return dev.load_program(name, dev.compiler.compile(KERNEL.format(name=name)))
 
 
 def test_device_opens_with_a_queue_and_tensor_cores_where_the_gpu_has_simdgroup_matrices(fake, dev) -> None:
@@ -94,7 +94,7 @@ def test_compile_errors_carry_metals_message(fake, dev) -> None:
     with pytest.raises(CompileError, match="use of undeclared identifier"):
         dev.compiler.compile("kernel void k() { syntax_error }")
     with pytest.raises(CompileError, match="no kernel named 'other'"):
-        dev.runtime("other", dev.compiler.compile(KERNEL.format(name="k")))
+        dev.load_program("other", dev.compiler.compile(KERNEL.format(name="k")))
 
 
 def test_launch_binds_buffers_then_variables_in_parameter_order(fake, dev) -> None:

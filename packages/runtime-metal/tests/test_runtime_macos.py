@@ -65,7 +65,7 @@ def download(dev, handle, like: np.ndarray) -> np.ndarray:
 
 def program(dev, uops: list[UOp]):
     src = MetalRenderer().render(uops)
-    return dev.runtime(uops[-1].arg, dev.compiler.compile(src))
+    return dev.load_program(uops[-1].arg, dev.compiler.compile(src))
 
 
 def test_memory_roundtrip_and_sub_buffers(dev) -> None:

@@ -16,6 +16,7 @@ from lazygrad_metal.renderer import SIMD_WIDTH, MetalRenderer
 from lazygrad_testkit.dtypes import SCALARS
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 
 RNG = np.random.default_rng(13)
@@ -31,7 +32,7 @@ def msl(tmp_path: Path):
 
 def run_python(uops: list[UOp], out: np.ndarray, *ins: np.ndarray, global_size=(1, 1, 1), local_size=(1, 1, 1)):
     lp = pytest.importorskip("lazygrad_python", reason="running linear programs needs lazygrad-runtime-python")
-    prg = lp.PythonProgram("kernel", lp.PythonCompiler().compile(lp.PythonRenderer().render(uops)))
+    prg = lp.PythonProgram(Device["PYTHON"], "kernel", lp.PythonCompiler().compile(lp.PythonRenderer().render(uops)))
     mems = [memoryview(bytearray(np.ascontiguousarray(a).tobytes())) for a in (out, *ins)]
     prg(*mems, global_size=global_size, local_size=local_size)
     return np.frombuffer(bytes(mems[0]), out.dtype)

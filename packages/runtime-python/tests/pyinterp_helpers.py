@@ -8,6 +8,7 @@ import numpy as np
 
 from lazygrad_python import PythonCompiler, PythonProgram, PythonRenderer
 from lazygrad_uop import DType, Ops, UOp, dtypes
+from lazygrad_uop.registry import Device
 
 
 def program(*anchors: UOp) -> list[UOp]:
@@ -74,7 +75,7 @@ def const(dtype: DType, value: object) -> UOp:
 
 def compile_program(uops: list[UOp], name: str = "test") -> PythonProgram:
     """Render, compile and load `uops` as the PYTHON device does."""
-    return PythonProgram(name, PythonCompiler().compile(PythonRenderer().render(uops)))
+    return PythonProgram(Device["PYTHON"], name, PythonCompiler().compile(PythonRenderer().render(uops)))
 
 
 def run(

@@ -8,6 +8,7 @@ import pytest
 from lazygrad_python import PythonCompiler, PythonProgram, PythonRenderer
 from lazygrad_uop import Ops, UOp, dtypes
 from lazygrad_uop.dtype import to_numpy_dtype
+from lazygrad_uop.registry import Device
 
 codegen = pytest.importorskip("lazygrad_codegen")
 views = pytest.importorskip("lazygrad_uop.views")
@@ -21,7 +22,7 @@ RNG = np.random.default_rng(3)
 def run_ast(ast: UOp, inputs: dict[int, np.ndarray], vals: tuple[int, ...] = ()) -> dict[int, np.ndarray]:
     """Compile `ast` for PYTHON, run it on `inputs` (by slot; outputs are allocated) and return every buffer."""
     spec = codegen.get_program(ast, PythonRenderer())
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     defs = {u.arg: u.dtype for u in spec.uops if u.op is Ops.DEFINE_GLOBAL}
     arrays = {
         slot: inputs[slot] if slot in inputs else np.zeros(dt.size, to_numpy_dtype(dt.base))

@@ -54,7 +54,7 @@ def test_buffers_and_a_kernel_through_the_device(python_device: CompiledDevice) 
     bufs[2].copyin(memoryview(bytearray(b.tobytes())))
     uops = elementwise(Ops.MUL, dtypes.int64, [dtypes.int64] * 2, 12)
     src = python_device.renderer.render(uops)
-    prg = python_device.runtime("E_12", python_device.compiler.compile_cached(src))
+    prg = python_device.load_program("E_12", python_device.compiler.compile_cached(src))
     elapsed = prg(*(buf.handle for buf in bufs), wait=True)
     assert isinstance(elapsed, float) and elapsed >= 0
     out = bytearray(96)

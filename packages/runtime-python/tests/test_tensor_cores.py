@@ -101,7 +101,7 @@ def _run(
         1: memoryview(bytearray(a_raw)),
         2: memoryview(bytearray(b_raw)),
     }
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     prg(*(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size)
     got = _decode(bytes(mems[0]), tc.dtype_out).reshape(m, n)
     want = a.reshape(m, k) @ b.reshape(k, n)
@@ -218,7 +218,7 @@ def test_emulation_is_sensitive_to_the_layout() -> None:
 
     def run(src: str) -> np.ndarray:
         mems = {0: memoryview(bytearray(m * n * 4)), 1: memoryview(bytearray(a_raw)), 2: memoryview(bytearray(b_raw))}
-        PythonProgram(spec.name, PythonCompiler().compile(src))(
+        PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(src))(
             *(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size
         )
         return _decode(bytes(mems[0]), tc.dtype_out).reshape(m, n)

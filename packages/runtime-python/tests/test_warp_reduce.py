@@ -14,6 +14,7 @@ from lazygrad_python import InterpreterError, PythonCompiler, PythonProgram, Pyt
 from lazygrad_python.device import GPUTarget
 from lazygrad_uop import DType, Ops, UOp, dtypes
 from lazygrad_uop.dtype import to_numpy_dtype
+from lazygrad_uop.registry import Device
 
 codegen = pytest.importorskip("lazygrad_codegen")
 views = pytest.importorskip("lazygrad_uop.views")
@@ -127,7 +128,7 @@ def reference(kind: str, x: np.ndarray) -> np.ndarray:
 def run_reduce(kind: str, dtype: DType, rows: int, n: int, opts: list | None, target: GPUTarget = WARP):
     """Compile the reduction for a PYTHON GPU target, run it, and return (result, reference, program spec)."""
     spec = codegen.get_program(row_reduce(kind, dtype, rows, n), PythonRenderer(target), opts)
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     x = data(dtype, (rows, n))
     (res, _) = run(prg, np.zeros(rows, x.dtype), x.ravel(), global_size=spec.global_size, local_size=spec.local_size)
     return res, reference(kind, x), spec
@@ -189,7 +190,7 @@ def test_padded_max_and_min_with_chosen_opts(kind: str, target: GPUTarget) -> No
             PythonRenderer(target),
             [Opt(OptOps.PADTO, 1, 16), Opt(OptOps.GROUP, 0, 16), Opt(OptOps.LOCAL, 0, 3)],
         )
-        prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+        prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
         x = (sign * (RNG.random((3, 50)) + 0.5)).astype(np.float32)
         launch = {"global_size": spec.global_size, "local_size": spec.local_size}
         (res, _) = run(prg, np.zeros(3, np.float32), x.ravel(), **launch)
@@ -238,7 +239,7 @@ def test_reduction_of_a_constant_needs_no_shuffle() -> None:
     out = UOp(Ops.DEFINE_GLOBAL, dtypes.int32.ptr(2), arg=0)
     ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, UOp(Ops.VIEW, arg=st(2, 1)), red)),))
     spec = codegen.get_program(ast, PythonRenderer(WARP), [Opt(OptOps.GROUP, 0, 32)])
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     (res,) = run(prg, np.zeros(2, np.int32), global_size=spec.global_size, local_size=spec.local_size)
     np.testing.assert_array_equal(res, [3, 3])
 
@@ -262,7 +263,7 @@ def test_groups_over_two_reduce_axes_number_lanes_row_major(opts: list) -> None:
     out = UOp(Ops.DEFINE_GLOBAL, dtypes.int32.ptr(rows), arg=0)
     ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (out, UOp(Ops.VIEW, arg=st(rows, 1, 1)), red)),))
     spec = codegen.get_program(ast, PythonRenderer(WARP), opts)
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     launch = {"global_size": spec.global_size, "local_size": spec.local_size}
     (res, _) = run(prg, np.zeros(rows, np.int32), a.ravel(), **launch)
     np.testing.assert_array_equal(res, a.sum((1, 2)))

@@ -313,12 +313,14 @@ def test_compiler_cache_can_be_disabled(tmp_path, monkeypatch) -> None:
 
 
 def test_program_reports_time_only_when_waiting() -> None:
-    prog = SleepProgram("k", b"lib")
-    assert (prog.name, prog.lib) == ("k", b"lib")
+    dev = CompiledDevice("TESTMEM", HostAllocator(), EchoRenderer(), CountingCompiler(None), SleepProgram)
+    prog = dev.load_program("k", b"lib")
+    # a program is constructed with the device it is loaded on
+    assert isinstance(prog, SleepProgram) and (prog.device, prog.name, prog.lib) == (dev, "k", b"lib")
     assert prog(wait=True) == 0.25
     assert prog() is None
     with pytest.raises(TypeError):
-        Program("k", b"")  # type: ignore[abstract]
+        Program(dev, "k", b"")  # type: ignore[abstract]
 
 
 def test_renderer_defaults_and_device_bundle() -> None:

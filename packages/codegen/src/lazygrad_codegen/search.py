@@ -254,7 +254,7 @@ def _search(k: Kernel, width: int, device: CompiledDevice, timeout_s: float) -> 
     try:
         (base,) = _compile_all([tuple(k.applied_opts)], None)
         # the unoptimised kernel, run once, gives the outputs every candidate must reproduce
-        reference, base_time = _run_outputs(device.runtime(base.name, base.lib), base, bench)
+        reference, base_time = _run_outputs(device.load_program(base.name, base.lib), base, bench)
         assert reference is not None
         seen: set[str] = {base.src}
         # the search starts from the faster of the unoptimised kernel and the hand-coded choice, so it only ever
@@ -311,7 +311,7 @@ def _evaluate(
             continue
         seen.add(c.src)
         try:
-            prg = device.runtime(c.name, c.lib)
+            prg = device.load_program(c.name, c.lib)
             outputs, first = _run_outputs(prg, c, bench, reference)
         except Exception as exc:  # noqa: BLE001 - a candidate that fails to run is skipped like a wrong one
             if DEBUG >= 2:
@@ -332,7 +332,7 @@ def _confirm(candidate: Kernel, best: Kernel, device: CompiledDevice, bench: _Be
     compiled = _compile_all([tuple(candidate.applied_opts), tuple(best.applied_opts)], None)
     if len(compiled) != 2:
         return False
-    programs = [(device.runtime(c.name, c.lib), c) for c in compiled]
+    programs = [(device.load_program(c.name, c.lib), c) for c in compiled]
     times = [math.inf, math.inf]
     for _ in range(rounds):
         for i, (prg, c) in enumerate(programs):

@@ -204,7 +204,7 @@ def compile_runners(jobs: Sequence[tuple[str, UOp]]) -> None:
     todo = list(dict.fromkeys(job for job in jobs if (*job, BEAM.value, NOOPT.value) not in _runners))
     for (device, ast), (spec, lib) in zip(todo, compile_kernels(todo)):
         dev: CompiledDevice = Device[device]
-        _runners[device, ast, BEAM.value, NOOPT.value] = CompiledRunner(spec, dev.runtime(spec.name, lib), device)
+        _runners[device, ast, BEAM.value, NOOPT.value] = CompiledRunner(spec, dev.load_program(spec.name, lib), device)
 
 
 @dataclass

@@ -223,13 +223,12 @@ def launch_extra(kernargs: bytes) -> tuple[ctypes.Array, list[Any]]:
 
 
 class HIPProgram(Program):
-    """A kernel loaded from a linked code object on the device that `device` names (set by the bound subclass that
-    `HIPDevice` makes)."""
+    """Kernel `name` loaded from the linked code object `lib` on `device`."""
 
     device: HIPDevice
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
+    def __init__(self, device: HIPDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
         try:
             self.info = code_object_kernels(lib)[name]
         except (ValueError, KeyError) as exc:
@@ -306,8 +305,7 @@ class HIPDevice(CompiledDevice):
         if self.index >= count.value:
             raise ValueError(f"{name} does not exist: HIP sees {count.value} GPUs")
         self.arch = device_arch(self.index)
-        program_type: Any = type("HIPProgram", (HIPProgram,), {"device": self})
-        super().__init__(name, HIPAllocator(self), AMDGPURenderer(self.arch), AMDGPUCompiler(self.arch), program_type)
+        super().__init__(name, HIPAllocator(self), AMDGPURenderer(self.arch), AMDGPUCompiler(self.arch), HIPProgram)
 
     def make_current(self) -> None:
         """Make this the calling thread's current HIP device."""

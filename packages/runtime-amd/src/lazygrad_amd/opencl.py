@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -122,13 +121,12 @@ def _build_log(program: cl.Program, device: cl.Device) -> str:
 
 
 class CLProgram(Program):
-    """A kernel loaded from its program binary on the device that `device` names (set by the bound subclass that
-    `CLDevice` makes, since the runtime is called with just a name and a binary)."""
+    """Kernel `name` loaded from its program binary `lib` on `device`."""
 
     device: CLDevice
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
+    def __init__(self, device: CLDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
         dev = self.device.cl_device
         self.program = cl.Program(self.device.context, [dev], [lib])
         try:
@@ -182,8 +180,7 @@ class CLDevice(CompiledDevice):
             shared_max=int(cl_device.local_mem_size),
             max_workgroup_threads=int(cl_device.max_work_group_size),
         )
-        program_type: Any = type("CLProgram", (CLProgram,), {"device": self})
-        super().__init__(name, CLAllocator(self), renderer, CLCompiler(self), program_type)
+        super().__init__(name, CLAllocator(self), renderer, CLCompiler(self), CLProgram)
         if DEBUG >= 1:
             print(f"{name}: {describe(cl_device)}")
 

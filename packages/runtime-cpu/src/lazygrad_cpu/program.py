@@ -14,7 +14,7 @@ from lazygrad_cpu.allocator import CPUBuffer
 from lazygrad_cpu.compiler import host_target_machine
 from lazygrad_cpu.renderer import arity_symbol
 from lazygrad_cpu.threads import POOL, split, thread_count
-from lazygrad_uop.device import Program
+from lazygrad_uop.device import CompiledDevice, Program
 
 # A part of a launch shorter than this isn't worth a worker: waking one and waiting for it costs tens of
 # microseconds, so a kernel is split only into parts at least this long.
@@ -33,8 +33,8 @@ class CPUProgram(Program):
     of core0 took in its last launch, and runs on the calling thread alone while the whole kernel takes less than a
     worker's wake-up is worth."""
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
+    def __init__(self, device: CompiledDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
         # MCJIT wants a module to start from; the kernel comes in as an object file
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(lib))

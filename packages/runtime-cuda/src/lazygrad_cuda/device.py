@@ -3,8 +3,6 @@ renderer, compiler, program and graph types that run kernels on it."""
 
 from __future__ import annotations
 
-import functools
-
 from cuda.bindings import driver
 
 from lazygrad_cuda.allocator import CUDAAllocator
@@ -42,11 +40,8 @@ class CUDADevice(CompiledDevice):
         self.multiprocessors = self.attribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         # the registry hands the renderer the tensor cores registered for this architecture when it opens the device
         renderer = CUDARenderer(self.arch, compute_units=self.multiprocessors)
-        runtime = functools.partial(CUDAProgram, self)
-        # CompiledDevice expects a Program type; a factory bound to this GPU is what it calls
-        super().__init__(
-            name, CUDAAllocator(self), renderer, NVRTCCompiler(compile_target(self.arch)), runtime, CUDAGraph
-        )  # type: ignore[arg-type]
+        compiler = NVRTCCompiler(compile_target(self.arch))
+        super().__init__(name, CUDAAllocator(self), renderer, compiler, CUDAProgram, CUDAGraph)
 
     def attribute(self, attrib: driver.CUdevice_attribute) -> int:
         """The value of device attribute `attrib` (a `CUdevice_attribute`)."""

@@ -39,8 +39,7 @@ class CUDAProgram(Program):
     """Kernel `name` of the cubin or PTX `lib`, loaded on `device`."""
 
     def __init__(self, device: CUDADevice, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
-        self.device = device
+        super().__init__(device, name, lib)
         device.activate()
         try:
             self.module = check(driver.cuModuleLoadData(lib), f"cuModuleLoadData({name})")

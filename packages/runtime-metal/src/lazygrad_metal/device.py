@@ -204,14 +204,13 @@ class MetalCompiler(Compiler):
 
 
 class MetalProgram(Program):
-    """A kernel of a compiled library, as a compute pipeline of the device `dev` (set by the device's bound
-    subclass, see `MetalDevice`)."""
+    """Kernel `name` of the compiled library `lib`, as a compute pipeline of `device`."""
 
-    dev: ClassVar[MetalDevice]
+    device: MetalDevice
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
-        self.library = self.dev.compiler.take_library(lib)
+    def __init__(self, device: MetalDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
+        self.library = self.device.compiler.take_library(lib)
         with autorelease_pool():
             fname = objc.nsstring(name)
             try:
@@ -221,7 +220,7 @@ class MetalProgram(Program):
             if not self.function:
                 raise CompileError(f"the compiled Metal library has no kernel named {name!r}")
             error = id_t()
-            self.pipeline = NEW_PIPELINE(self.dev.mtl, self.function, ctypes.byref(error))
+            self.pipeline = NEW_PIPELINE(self.device.mtl, self.function, ctypes.byref(error))
             if not self.pipeline:
                 raise CompileError(f"Metal could not make a pipeline for {name}: {objc.error_text(error.value)}")
         self.max_threads = MAX_THREADS(self.pipeline)
@@ -249,7 +248,7 @@ class MetalProgram(Program):
         until it finishes and return its GPU time in seconds."""
         self.check_launch(len(bufs) + len(vals), local_size)
         with autorelease_pool():
-            cbuf = objc.RETAIN(COMMAND_BUFFER(self.dev.queue))
+            cbuf = objc.RETAIN(COMMAND_BUFFER(self.device.queue))
             encoder = COMPUTE_ENCODER(cbuf)
             SET_PIPELINE(encoder, self.pipeline)
             for i, b in enumerate(bufs):
@@ -260,7 +259,7 @@ class MetalProgram(Program):
             DISPATCH(encoder, MTLSize(*global_size), MTLSize(*local_size))
             END_ENCODING(encoder)
             COMMIT(cbuf)
-        return self.dev.track(cbuf, wait)
+        return self.device.track(cbuf, wait)
 
     def icb_pipeline(self) -> int:
         """This kernel's pipeline made usable in indirect command buffers (made on first use); GraphError where Metal
@@ -268,7 +267,7 @@ class MetalProgram(Program):
         if self._icb_pipeline is None:
             from lazygrad_metal.graph import new_icb_pipeline
 
-            self._icb_pipeline = new_icb_pipeline(self.dev, self.function, self.name)
+            self._icb_pipeline = new_icb_pipeline(self.device, self.function, self.name)
         return self._icb_pipeline
 
     def __del__(self) -> None:
@@ -299,8 +298,7 @@ class MetalDevice(CompiledDevice):
         self.icb_pipelines_need_use = not SUPPORTS_FAMILY(self.mtl, GPU_FAMILY_APPLE9)
         # the registry hands the renderer the tensor cores registered for its target when it opens the device
         renderer = MetalRenderer(target=self.target)
-        program = type("MetalProgram", (MetalProgram,), {"dev": self, "__doc__": MetalProgram.__doc__})
-        super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), program, MetalGraph)
+        super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), MetalProgram, MetalGraph)
 
     def track(self, cbuf: int, wait: bool) -> float | None:
         """Take ownership of the committed command buffer `cbuf`; with `wait`, wait for it and return its GPU time.

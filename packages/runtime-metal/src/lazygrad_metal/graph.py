@@ -141,7 +141,7 @@ class MetalGraph(GraphRunner):
 
     def _check(self, i: int, launch: KernelLaunch) -> None:
         program = launch.program
-        if not isinstance(program, MetalProgram) or program.dev is not self.dev:
+        if not isinstance(program, MetalProgram) or program.device is not self.dev:
             raise GraphError(f"launch {i} ({program.name}) is not a kernel of {self.dev.device}")
         for j, b in enumerate(launch.bufs):
             if not isinstance(b, MetalBuffer):

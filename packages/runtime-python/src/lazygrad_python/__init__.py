@@ -4,7 +4,7 @@ with workgroup-shared local memory and barriers, and the plugin module that regi
     from lazygrad_uop.registry import Device
     dev = Device["PYTHON"]
     lib = dev.compiler.compile(dev.renderer.render(linear_uops))
-    dev.runtime("kernel", lib)(*buffer_handles, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=())
+    dev.load_program("kernel", lib)(*buffer_handles, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=())
 """
 
 from lazygrad_python.device import (
@@ -18,7 +18,7 @@ from lazygrad_python.device import (
 from lazygrad_python.interpreter import WARP_SIZE, Interpreter, InterpreterError
 from lazygrad_python.program_text import Instr, ProgramTextError, parse_program, render_program
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "WARP_SIZE",

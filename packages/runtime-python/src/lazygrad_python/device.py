@@ -134,8 +134,8 @@ def load_lib(lib: bytes) -> list[Instr]:
 class PythonProgram(Program):
     """A compiled PYTHON kernel: the interpreter, ready to run on buffer handles (memoryviews)."""
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
+    def __init__(self, device: CompiledDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
         self.interpreter = Interpreter(load_lib(lib))
 
     def __call__(

@@ -246,7 +246,7 @@ def harness_for(name: str) -> GraphHarness:
 
     def compiled(device: CompiledDevice, prog: str) -> Program:
         uops = add_kernel_uops(prog, 4 if device.renderer.has_local else 1, host_threads=device.renderer.has_threads)
-        return device.runtime(prog, device.compiler.compile(device.renderer.render(uops)))
+        return device.load_program(prog, device.compiler.compile(device.renderer.render(uops)))
 
     def upload(x: np.ndarray) -> Any:
         handle = dev.allocator.alloc(x.nbytes)

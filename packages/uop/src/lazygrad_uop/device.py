@@ -316,10 +316,12 @@ class CompileError(RuntimeError):
 
 
 class Program(abc.ABC):
-    """A compiled kernel, loaded and ready to run. `lib` is what the device's `Compiler` produced."""
+    """A compiled kernel, loaded on one opened device and ready to run: `Program(device, name, lib)` loads kernel
+    `name` of `lib` (what the device's `Compiler` produced) on `device`, the `CompiledDevice` it runs on (its
+    context, queue or library cache). `CompiledDevice.load_program(name, lib)` is how callers make one."""
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        self.name, self.lib = name, lib
+    def __init__(self, device: CompiledDevice, name: str, lib: bytes) -> None:
+        self.device, self.name, self.lib = device, name, lib
 
     @abc.abstractmethod
     def __call__(
@@ -537,9 +539,9 @@ class GraphError(RuntimeError):
 
 
 class CompiledDevice:
-    """An opened device: the allocator, renderer, compiler and program type that run kernels on it, and optionally
-    a graph type (a `GraphRunner` subclass) that runs a list of kernels as one unit. `Device["NAME"]` returns one of
-    these."""
+    """An opened device: the allocator, renderer, compiler and program type (`runtime`, a `Program` subclass,
+    constructed as `runtime(device, name, lib)`) that run kernels on it, and optionally a graph type (a `GraphRunner`
+    subclass) that runs a list of kernels as one unit. `Device["NAME"]` returns one of these."""
 
     def __init__(
         self,
@@ -561,6 +563,10 @@ class CompiledDevice:
         with the device's own compiler."""
         self.renderer = renderer
         self.compiler = compiler if compiler is not None else self.default_compiler
+
+    def load_program(self, name: str, lib: bytes) -> Program:
+        """Kernel `name` of binary `lib` (from this device's compiler), loaded on this device."""
+        return self.runtime(self, name, lib)
 
     def synchronize(self) -> None:
         """Wait for all work queued on the device. Devices that run asynchronously override this; for a
