@@ -74,3 +74,45 @@ def test_a_compile_error_names_the_compiler() -> None:
 
     with pytest.raises(CompileError, match="rejected the kernel"):
         CCompiler().compile("int broken(")
+
+
+def _edge_floats() -> np.ndarray:
+    """float32 values around every rounding case of the 16-bit formats: random magnitudes over their whole range
+    (subnormals included), ties, values just past the largest finite ones, zeros, infinities, NaN."""
+    rng = np.random.default_rng(5)
+    wide = (rng.standard_normal(4000) * np.exp2(rng.integers(-30, 20, 4000))).astype(np.float32)
+    h = np.arange(0, 0x7C00, 37, dtype=np.uint16).view(np.float16).astype(np.float32)
+    ties = (h[:-1] + (h[1:] - h[:-1]) / 2).astype(np.float32)  # halfway between half values (some exact ties)
+    special = np.array([0.0, -0.0, 65504, 65519, 65520, 1e5, 6e-8, 3e-8, 2.9e-8, np.inf, -np.inf, 3.4e38], np.float32)
+    return np.concatenate([wide, -wide, ties, special])
+
+
+def test_float16_casts_round_as_numpy(cpu_back_to_llvm: None) -> None:
+    x = _edge_floats()
+    got = lazygrad.Tensor(x, device="CPU:C").cast(lazygrad.dtypes.float16)
+    with np.errstate(over="ignore"):  # values past 65504 become inf, as they should
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(got.numpy(), want)
+    # every float16 bit pattern reads back as numpy reads it, NaNs as NaN
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    back = lazygrad.Tensor(bits, device="CPU:C").cast(lazygrad.dtypes.float32).numpy()
+    np.testing.assert_array_equal(back, bits.astype(np.float32))
+
+
+def _bfloat16_reference(x: np.ndarray) -> np.ndarray:
+    """float32 `x` rounded to bfloat16 (to nearest, ties to even), as float32: integer arithmetic on the bits."""
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), np.float32(np.nan), rounded)
+
+
+def test_bfloat16_arithmetic_rounds_each_result(cpu_back_to_llvm: None) -> None:
+    x = _edge_floats()
+    y = np.random.default_rng(6).standard_normal(x.size).astype(np.float32)
+    bf = lazygrad.dtypes.bfloat16
+    a, b = lazygrad.Tensor(x, device="CPU:C").cast(bf), lazygrad.Tensor(y, device="CPU:C").cast(bf)
+    np.testing.assert_array_equal(a.cast(lazygrad.dtypes.float32).numpy(), _bfloat16_reference(x))
+    # a sum of two bfloat16 values computed in float32 is exact there, then rounded once
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = _bfloat16_reference(_bfloat16_reference(x) + _bfloat16_reference(y))
+    np.testing.assert_array_equal((a + b).cast(lazygrad.dtypes.float32).numpy(), want)

@@ -55,6 +55,6 @@ def test_the_layout_computes_a_matmul_on_the_python_emulation() -> None:
     a, b = rng.integers(-4, 5, (m, k)).astype(np.float32), rng.integers(-4, 5, (k, n)).astype(np.float32)
     bits = {1: (a.view(np.uint32) >> 16).astype(np.uint16), 2: (b.view(np.uint32) >> 16).astype(np.uint16)}
     mems = {0: memoryview(bytearray(m * n * 4)), **{s: memoryview(bytearray(x.tobytes())) for s, x in bits.items()}}
-    prg = python.PythonProgram(spec.name, python.PythonCompiler().compile(spec.src))
+    prg = python.PythonProgram(Device["PYTHON"], spec.name, python.PythonCompiler().compile(spec.src))
     prg(*(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size)
     np.testing.assert_array_equal(np.frombuffer(bytes(mems[0]), np.float32).reshape(m, n), a @ b)

@@ -69,8 +69,8 @@ class CDevCompiler(Compiler):
 class CDevProgram(Program):
     """A kernel loaded from its shared library (written to a temporary file, which dlopen needs)."""
 
-    def __init__(self, name: str, lib: bytes) -> None:
-        super().__init__(name, lib)
+    def __init__(self, device: CompiledDevice, name: str, lib: bytes) -> None:
+        super().__init__(device, name, lib)
         with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
             f.write(lib)
         try:
