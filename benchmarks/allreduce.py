@@ -1,7 +1,9 @@
 """All-reduce bandwidth and data-parallel throughput, each against a reference measured in the same run.
 
 1. In one process, between CPU:0..N-1: the ring and the direct all-reduce (captured with TinyJit, so a call is the
-   replay of its copies and kernels) against a numpy copy of the same bytes. Bandwidth = bytes per device / time.
+   replay of its kernels) against a numpy copy of the same bytes, timed alternately. Bandwidth = bytes per device /
+   time. The CPU devices read each other's memory in place, so an all-reduce whose results are all returned is one
+   kernel reading each input once and writing each output once: n times a copy's bytes.
 2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors against
    mpi4py's own numpy Allreduce of the same arrays, alternating, median of each.
 3. Training throughput (samples/s) of examples/train_digits_dp.py over MPI with 1 and 2 ranks at the same per-rank
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,16 +36,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES_MB = (1, 16, 64)
 
 
-def median_seconds(fn: Callable[[], object], runs: int) -> float:
-    """Median seconds of `fn`, after two warm-up calls (the JIT captures on its second)."""
-    fn()
-    fn()
-    times = []
-    for _ in range(runs):
-        st = time.perf_counter()
+def alternating_medians(fns: Sequence[Callable[[], object]], runs: int) -> list[float]:
+    """Median seconds of each of `fns`, timed in turn within each run so that all see the same machine load (other
+    work on the machine changes a single-function timing by several times). Two warm-up calls each first (the JIT
+    captures on its second)."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - st)
-    return statistics.median(times)
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times):
+            st = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - st)
+    return [statistics.median(ts) for ts in times]
 
 
 def in_process(runs: int) -> list[tuple[str, float, float]]:
@@ -57,7 +63,6 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
             data = rng.standard_normal((n, m)).astype(np.float32)
             x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
             src, dst = data[0].copy(), np.empty_like(data[0])
-            copy_s = median_seconds(lambda dst=dst, src=src: np.copyto(dst, src), runs)
             for algo, ring in (("ring", True), ("direct", False)):
 
                 @TinyJit
@@ -67,7 +72,9 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
                 with Context(RING_MIN_BYTES=0):
                     out = reduce(x)
                     np.testing.assert_allclose(out.numpy(), data.sum(0), rtol=1e-4, atol=1e-4)
-                    seconds = median_seconds(lambda reduce=reduce, x=x: reduce(x), runs)
+                    seconds, copy_s = alternating_medians(
+                        [lambda reduce=reduce, x=x: reduce(x), lambda dst=dst, src=src: np.copyto(dst, src)], runs
+                    )
                 rows.append((f"{n} devices, {algo}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9))
     return rows
 

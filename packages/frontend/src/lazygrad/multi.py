@@ -11,7 +11,11 @@ nothing new. What needs more than one op per part:
   device copies in the pieces it needs from every other);
 - a reduction across the sharded axis is a partial reduction per device and an all-reduce (`all_reduce`): direct
   (each device adds every other's partial, in one order so the copies agree bit for bit) for small tensors, a ring
-  (reduce-scatter, then all-gather, moving 2(n-1)/n of the bytes per device) for large ones;
+  (reduce-scatter, then all-gather, moving 2(n-1)/n of the bytes per device) for large ones. Devices that share the
+  host's memory (CPU:0, CPU:1, ...) read each other's buffers in place (the scheduler turns a COPY between them into a
+  load), so there no bytes are copied: the direct all-reduce is one kernel per device that reads every partial where
+  it lies, and the ring a reduce-scatter kernel per chunk (each element added once) and one gathering kernel per
+  device;
 - movement ops that cut or reorder the sharded axis (a pad or shrink of it, a reshape that splits it unevenly)
   gather the value on every device first (the result is replicated), a flip of it reverses the order of the parts;
 - autograd of a replicated target sums its parts' gradients (an all-reduce): data-parallel training's gradient
@@ -26,6 +30,7 @@ from typing import Any
 
 from lazygrad.errors import InputError
 from lazygrad.gradient import compute_gradient
+from lazygrad_scheduler.placement import shares_host_memory
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -164,9 +169,19 @@ def all_reduce(op: Ops, parts: Sequence[UOp], ring: bool | None = None) -> list[
     if n == 1:
         return list(parts)
     nbytes = math.prod(shape_of(parts[0])) * parts[0].dtype.itemsize
+    in_place = _share_memory([device_of(p) for p in parts])  # type: ignore[misc]
     if ring is None:
-        ring = nbytes > RING_MIN_BYTES.value
-    return _ring_all_reduce(op, parts) if ring else _direct_all_reduce(op, parts)
+        # read in place, the direct all-reduce of 2 devices moves fewer bytes than the ring (3 units per device
+        # against 3.5); from 3 devices on the ring moves fewer (its reads grow with n, the direct one's with n**2)
+        ring = nbytes > RING_MIN_BYTES.value and (not in_place or n > 2)
+    if not ring:
+        return _direct_all_reduce(op, parts)
+    return _in_place_ring_all_reduce(op, parts) if in_place else _ring_all_reduce(op, parts)
+
+
+def _share_memory(devices: Sequence[str]) -> bool:
+    """Whether kernels on each of `devices` can read the others' buffers in place (host memory, see placement.py)."""
+    return all(shares_host_memory(devices[0], d) for d in devices[1:])
 
 
 def _fold(op: Ops, values: Sequence[UOp]) -> UOp:
@@ -181,14 +196,40 @@ def _direct_all_reduce(op: Ops, parts: Sequence[UOp]) -> list[UOp]:
     return [_fold(op, [_copy(p, device_of(d)) for p in parts]) for d in parts]  # type: ignore[arg-type]
 
 
-def _ring_all_reduce(op: Ops, parts: Sequence[UOp]) -> list[UOp]:
-    n = len(parts)
-    devices = [device_of(p) for p in parts]
+def _chunks(parts: Sequence[UOp]) -> tuple[list[UOp], list[tuple[int, int]]]:
+    """`parts` flattened, and the bounds of the (at most n) chunks a ring splits them into."""
     shape = shape_of(parts[0])
     total = math.prod(shape)
     flat = [UOp(Ops.RESHAPE, p.dtype, (p,), (total,)) if len(shape) != 1 else p for p in parts]
-    step = -(-total // n)
-    bounds = [(c * step, min(total, (c + 1) * step)) for c in range(n) if c * step < total]
+    step = -(-total // len(parts))
+    return flat, [(c * step, min(total, (c + 1) * step)) for c in range(len(parts)) if c * step < total]
+
+
+def _gathered(reduced: Sequence[UOp], devices: Sequence[str], shape: tuple[int, ...]) -> list[UOp]:
+    """The all-gather that ends a ring: every device copies in the chunks `reduced` completed elsewhere."""
+    out = []
+    for d in devices:
+        whole = _concat([_copy(r, d) for r in reduced], 0)
+        out.append(UOp(Ops.RESHAPE, whole.dtype, (whole,), shape) if len(shape) != 1 else whole)
+    return out
+
+
+def _in_place_ring_all_reduce(op: Ops, parts: Sequence[UOp]) -> list[UOp]:
+    # devices that read each other's memory need no ring of n-1 steps: chunk c is combined on device c straight from
+    # every part (one kernel, each element added once, in device order), then every device gathers the chunks
+    devices = [device_of(p) for p in parts]
+    flat, bounds = _chunks(parts)
+    reduced = [
+        _fold(op, [_copy(_shrink_axis(f, 0, lo, hi), devices[c]) for f in flat])  # type: ignore[arg-type]
+        for c, (lo, hi) in enumerate(bounds)
+    ]
+    return _gathered(reduced, devices, shape_of(parts[0]))  # type: ignore[arg-type]
+
+
+def _ring_all_reduce(op: Ops, parts: Sequence[UOp]) -> list[UOp]:
+    n = len(parts)
+    devices = [device_of(p) for p in parts]
+    flat, bounds = _chunks(parts)
     # reduce-scatter: chunk c travels the ring from device c+1, each device adding its piece, and ends complete on c
     reduced = []
     for c, (lo, hi) in enumerate(bounds):
@@ -197,12 +238,7 @@ def _ring_all_reduce(op: Ops, parts: Sequence[UOp]) -> list[UOp]:
             d = (c + k) % n
             acc = _copy(acc, devices[d]).alu(op, _shrink_axis(flat[d], 0, lo, hi))  # type: ignore[arg-type]
         reduced.append(acc)
-    # all-gather: every device copies in the chunks completed elsewhere
-    out = []
-    for d in devices:
-        whole = _concat([_copy(r, d) for r in reduced], 0)  # type: ignore[arg-type]
-        out.append(UOp(Ops.RESHAPE, whole.dtype, (whole,), shape) if len(shape) != 1 else whole)
-    return out
+    return _gathered(reduced, devices, shape_of(parts[0]))  # type: ignore[arg-type]
 
 
 # *** pushing ops down to the parts ***

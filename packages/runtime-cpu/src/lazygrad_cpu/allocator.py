@@ -42,7 +42,10 @@ def _address(mem: mmap.mmap) -> int:
 
 class CPUAllocator(LRUAllocator):
     """Allocates page-aligned (so 64-byte-aligned) host memory, zero-filled by the OS, on huge pages when large, and
-    recycles freed blocks."""
+    recycles freed blocks. Every CPU device's buffers are host memory that kernels take by address, so a kernel on
+    one CPU device reads another's in place (`shares_host_memory`)."""
+
+    shares_host_memory = True
 
     def _alloc(self, size: int, options: BufferSpec) -> CPUBuffer:
         try:

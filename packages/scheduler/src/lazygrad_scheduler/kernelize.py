@@ -23,6 +23,7 @@ import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from lazygrad_scheduler.placement import reads_in_place
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
@@ -126,7 +127,7 @@ def _collect(
             stack.append((u.src[0], False, True))
             continue
         g.members.add(u)
-        keeps = path_ok and (u.op in GroupOp.Elementwise or u.op in PASSTHROUGH or u.op is Ops.RESHAPE)
+        keeps = path_ok and (u.op in GroupOp.Elementwise or u.op in PASSTHROUGH or u.op in (Ops.RESHAPE, Ops.COPY))
         stack.extend((s, keeps, in_reduce) for s in u.src if s.op is not Ops.DEVICE)
     return g
 
@@ -313,11 +314,18 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
     order = list(sink.toposort)
     realized: set[UOp] = {output_root(o) for o in outputs if not is_view_of_leaf(o)}
     for u in order:
-        if u.op in (Ops.CONTIGUOUS, Ops.COPY) or (u.op is Ops.ASSIGN and not is_kernelized(u)):
+        if u.op is Ops.CONTIGUOUS or (u.op is Ops.ASSIGN and not is_kernelized(u)):
             realized.add(u)
-        # a copy moves whole buffers: its source must be stored, contiguous and complete
-        if u.op is Ops.COPY and not _is_whole_leaf(u.src[1]):
-            realized.add(u.src[1])
+        if u.op is Ops.COPY and reads_in_place(u):
+            # kernels on the target device read the source where it lies, through any view (a stored copy is such a
+            # kernel too): the source must be stored
+            if not is_view_of_leaf(u.src[1]):
+                realized.add(output_root(u.src[1]))
+        elif u.op is Ops.COPY:
+            realized.add(u)
+            # a copy moves whole buffers: its source must be stored, contiguous and complete
+            if not _is_whole_leaf(u.src[1]):
+                realized.add(u.src[1])
     # padding is pushed down to the loads, which read 0 outside: fine through ops that keep 0 at 0, but exp(0) is 1
     zero_changing = _zero_changing(order)
     realized |= {u.src[0] for u in order if u.op is Ops.PAD and u.src[0] in zero_changing}
@@ -366,7 +374,7 @@ class _Fusion:
 
     def _recollect(self, roots: set[UOp]) -> None:
         for r in roots:
-            if r.op is Ops.COPY or r not in self.realized:
+            if _byte_copy(r) or r not in self.realized:
                 continue
             if (old := self.groups.get(r)) is not None:
                 for m in old.members:
@@ -526,6 +534,8 @@ class _AstBuilder:
             out = self.node(u.src[0], (*path, u), in_reduce)
         elif u.op in PASSTHROUGH:
             out = self.node(u.src[0], path, in_reduce)
+        elif u.op is Ops.COPY:  # a read in place of another device's buffer (see placement.py)
+            out = self.node(u.src[1], path, in_reduce)
         elif u.op is Ops.REDUCE_AXIS:
             out = UOp(Ops.REDUCE_AXIS, u.dtype, (self.node(u.src[0], (), True),), u.arg)
         elif u.op in GroupOp.Elementwise:
@@ -577,7 +587,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
             kernels.append([r])
     becomes: dict[UOp, UOp] = {}
     for roots in _kernel_order(kernels, direct, pos):
-        if roots[0].op is Ops.COPY:
+        if _byte_copy(roots[0]):
             becomes[roots[0]] = _copy_kernel(roots[0], becomes)
             continue
         group = groups[roots[0]]
@@ -672,6 +682,11 @@ def _is_whole_leaf(u: UOp) -> bool:
         return False
     st = apply_movement(leaf_view(base), movement_chain(u))
     return st.contiguous and st.size == base_buffer(base).arg
+
+
+def _byte_copy(u: UOp) -> bool:
+    """Whether `u` is a COPY that moves bytes between devices (a kernel of its own), not a read in place."""
+    return u.op is Ops.COPY and not reads_in_place(u)
 
 
 def _copy_kernel(copy: UOp, becomes: dict[UOp, UOp]) -> UOp:

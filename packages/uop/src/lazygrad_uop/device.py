@@ -85,6 +85,11 @@ class Allocator(abc.ABC):
     bytes as a writable memoryview shared with the device memory, so that reading a tensor needs no copy. None where
     the device has no such memory; the frontend then copies out."""
 
+    shares_host_memory: bool = False
+    """True for allocators whose handles are host memory of this process that compiled kernels take by address (the
+    CPU's): a kernel on one device of this kind can then read another's buffers in place, with no copy between them.
+    The scheduler reads a copy between two such devices that way (see lazygrad_scheduler.placement)."""
+
     def _offset(self, handle: Any, size: int, offset: int) -> Any:
         """A handle for the `size` bytes at byte `offset` of `handle`, sharing its memory (optional)."""
         raise NotImplementedError(f"{type(self).__name__} does not support sub-buffers (views with an offset)")
