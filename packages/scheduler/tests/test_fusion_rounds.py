@@ -1,14 +1,17 @@
 """The incremental fusion rounds of `choose_realized` decide exactly what the plain algorithm decides: every round,
 collect every group afresh, count the groups sharing each node, and scan the whole graph from the outputs down for
-the first shared node worth storing. The plain algorithm is written out here, on random graphs and on a model."""
+the first shared node worth storing (one node per round, where the rounds store one per device). The plain algorithm
+is written out here, on random graphs, on a model and on a model trained on several devices."""
 
 from __future__ import annotations
 
 import importlib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from test_kernelize import Graph, graphs
 
+from lazygrad_scheduler.placement import reads_in_place
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -23,10 +26,15 @@ def plain_choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, kz._G
     order = list(sink.toposort)
     realized = {kz.output_root(o) for o in outputs if not kz.is_view_of_leaf(o)}
     for u in order:
-        if u.op in (Ops.CONTIGUOUS, Ops.COPY) or (u.op is Ops.ASSIGN and not kz.is_kernelized(u)):
+        if u.op is Ops.CONTIGUOUS or (u.op is Ops.ASSIGN and not kz.is_kernelized(u)):
             realized.add(u)
-        if u.op is Ops.COPY and not kz._is_whole_leaf(u.src[1]):
-            realized.add(u.src[1])
+        if u.op is Ops.COPY and reads_in_place(u):
+            if not kz.is_view_of_leaf(u.src[1]):
+                realized.add(kz.output_root(u.src[1]))
+        elif u.op is Ops.COPY:
+            realized.add(u)
+            if not kz._is_whole_leaf(u.src[1]):
+                realized.add(u.src[1])
     nonzero = kz.NOT_ZERO_AT_ZERO
     realized |= {u.src[0] for u in order if u.op is Ops.PAD and any(n.op in nonzero for n in kz._fused_nodes(u.src[0]))}
     realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and kz._reads_target_elsewhere(u)}
@@ -38,7 +46,7 @@ def plain_choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, kz._G
             constant.add(u)
     while True:
         must: set[UOp] = set()
-        groups = {r: kz._collect(r, realized, must, constant) for r in realized if r.op is not Ops.COPY}
+        groups = {r: kz._collect(r, realized, must, constant) for r in realized if not kz._byte_copy(r)}
         if must - realized:
             realized |= must
             continue
@@ -82,12 +90,14 @@ def test_random_graphs_decide_the_same(graph: Graph) -> None:
     same_decisions(graph.outputs)
 
 
-def test_a_training_step_decides_the_same() -> None:
-    """A conv net's forward and backward: many rounds, reductions shared by forward and backward."""
+@pytest.mark.parametrize("devices", [None, ("CPU", "CPU:1", "CPU:2"), ("PYTHON", "PYTHON:1")])
+def test_a_training_step_decides_the_same(devices: tuple[str, ...] | None) -> None:
+    """A conv net's forward and backward: many rounds, reductions shared by forward and backward; on one device, and
+    data parallel on devices that read each other's memory in place (CPU) or copy (PYTHON)."""
     import numpy as np
-    import pytest
 
     lazygrad = pytest.importorskip("lazygrad")
+    from lazygrad.multi import device_uops
     from lazygrad.nn.state import get_parameters
 
     tensor, nn = lazygrad.Tensor, lazygrad.nn
@@ -96,12 +106,17 @@ def test_a_training_step_decides_the_same() -> None:
     params = get_parameters([conv1, conv2, fc])
     for p in params:
         p.requires_grad = True
+        if devices is not None:
+            p.shard_(devices)
     tensor.realize(*params)
     rng = np.random.default_rng(0)
     x, y = tensor(rng.random((6, 1, 8, 8), dtype=np.float32)), tensor(rng.integers(0, 10, 6).astype(np.int32))
+    if devices is not None:
+        x, y = x.shard(devices, 0), y.shard(devices, 0)
     with tensor.train():
         loss = fc(conv2(conv1(x).relu()).relu().max_pool2d(2).flatten(1)).sparse_categorical_crossentropy(y)
         loss.backward()
     grads = [p.grad.uop for p in params if p.grad is not None]
     assert len(grads) == len(params)
-    same_decisions([loss.uop, *grads])
+    # a tensor on several devices is realized as its parts, one per device
+    same_decisions([part for u in (loss.uop, *grads) for part in device_uops(u)])

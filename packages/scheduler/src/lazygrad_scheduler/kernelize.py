@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from lazygrad_scheduler.placement import reads_in_place
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
-from lazygrad_uop.shape import shape_of
+from lazygrad_uop.shape import device_of, shape_of
 from lazygrad_uop.tensor_graph import (
     MOVEMENT,
     apply_movement,
@@ -397,15 +397,20 @@ class _Fusion:
                     self.shared.add(m)
 
     def _shared_to_store(self) -> set[UOp]:
-        """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper."""
+        """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper. One per
+        device: a kernel's group holds nodes of its own device only (a copy's source is stored; a read in place goes
+        no further than the views over it), so storing a node changes no other device's groups, and a round per device
+        at once decides what rounds one after another would (a step on n devices needs n times fewer rounds)."""
         realized, has_reduce = self.realized, _ReductionsBelow(self.realized)
+        chosen: dict[str | tuple[str, ...] | None, UOp] = {}
         # from the outputs down: store the largest shared subgraph first
         for u in sorted(self.shared, key=self.pos.__getitem__, reverse=True):
-            if u in realized or u.op in MOVEMENT:
+            if u in realized or u.op in MOVEMENT or (device := device_of(u)) in chosen:
                 continue
             gs = [self.groups[r] for r in self.owners[u]]
             if has_reduce(u):
-                return {_shared_reduction_root(u, gs, self.owners, realized, self.pos)}
+                chosen[device] = _shared_reduction_root(u, gs, self.owners, realized, self.pos)
+                continue
             k = len(gs)
             stored = max_numel(shape_of(u)) * u.dtype.itemsize
             recompute = 0
@@ -415,8 +420,8 @@ class _Fusion:
                     n = memo[u] = _bytes_read(u, g)
                 recompute += n
             if stored * (k + 1) + recompute // k < recompute:
-                return {u}
-        return set()
+                chosen[device] = u
+        return set(chosen.values())
 
 
 class _ReductionsBelow:
@@ -701,8 +706,6 @@ def _copy_kernel(copy: UOp, becomes: dict[UOp, UOp]) -> UOp:
 
 
 def _device(u: UOp) -> str:
-    from lazygrad_uop.shape import device_of
-
     dev = device_of(u)
     if dev is None:
         raise ValueError("can't tell which device this tensor lives on")
