@@ -95,3 +95,28 @@ def test_buckets_send_the_last_parameters_first() -> None:
     ps = [Tensor.zeros(n) for n in (4, 8, 2, 2)]  # 16, 32, 8, 8 bytes
     dp = DataParallel(ps, MPIProcessGroup(), bucket_bytes=20)
     assert [[p.shape[0] for p in b] for b in dp.buckets()] == [[2, 2], [8], [4]]
+
+
+def test_collectives_read_realized_host_tensors_in_place() -> None:
+    """A realized CPU tensor is handed to MPI as a read-only view of its own memory (no copy, no second schedule); a
+    tensor still to compute, or a view, is computed first; either way the input is left as it was."""
+    from lazygrad_distributed.process_group import host_array
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = Tensor(a).realize()
+    view = host_array(t)
+    np.testing.assert_array_equal(view, a)
+    assert np.shares_memory(view, t.numpy()) and not view.flags.writeable
+    np.testing.assert_array_equal(host_array(t * 2), a * 2)
+    np.testing.assert_array_equal(host_array(t.T), a.T)
+    group = MPIProcessGroup()
+    np.testing.assert_array_equal(group.all_reduce(t.T).numpy(), a.T)  # one rank: the sum is the tensor itself
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_collectives_raise_pending_index_checks() -> None:
+    """Reading a tensor for MPI is a read: an out-of-range gather index found on the device raises, as .numpy() does."""
+    table = Tensor(np.arange(8, dtype=np.float32).reshape(4, 2)).realize()
+    picked = table[Tensor(np.array([1, 7], dtype=np.int32))].realize()
+    with pytest.raises(IndexError):
+        MPIProcessGroup().all_reduce(picked)

@@ -3,6 +3,8 @@ device, gradients included; re-sharding, the all-reduces, the JIT, and training 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,7 +20,9 @@ from lazygrad_uop.config import Context
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import device_of
 
-DEVS = ("CPU", "CPU:1", "CPU:2", "CPU:3")
+# CPU:0..3 by default; MULTI_TEST_DEVICES=CUDA,CUDA:1,CUDA:2,CUDA:3 with CUDA_GPUS=0,0,0,0 runs the suite on one GPU
+# mapped four times (packages/runtime-cuda/tests/test_gpu.py does that where there is a GPU)
+DEVS = tuple(os.environ.get("MULTI_TEST_DEVICES", "CPU,CPU:1,CPU:2,CPU:3").split(","))
 DEVS2 = DEVS[:2]
 RNG = np.random.default_rng(0)
 
@@ -48,8 +52,8 @@ def test_shard_splits_along_the_axis_and_gathers_back(axis: int | None) -> None:
     for got, want in zip(parts(t), expected):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(t.numpy(), a)
-    np.testing.assert_array_equal(t.to("CPU:2").numpy(), a)
-    assert t.to("CPU:2").device == "CPU:2"
+    np.testing.assert_array_equal(t.to(DEVS[2]).numpy(), a)
+    assert t.to(DEVS[2]).device == DEVS[2]
 
 
 def test_tensors_made_on_a_tuple_of_devices_are_replicated() -> None:
@@ -69,8 +73,8 @@ def test_reshard_between_axes_and_device_sets() -> None:
         assert r.shard_axis == axis
         for got, want in zip(parts(r), [a] * 4 if axis is None else np.split(a, 4, axis=axis)):
             np.testing.assert_array_equal(got, want)
-    moved = t.shard(("CPU:3", "CPU:2"), 1)
-    assert moved.device == ("CPU:3", "CPU:2")
+    moved = t.shard((DEVS[3], DEVS[2]), 1)
+    assert moved.device == (DEVS[3], DEVS[2])
     np.testing.assert_array_equal(moved.numpy(), a)
 
 
@@ -78,9 +82,9 @@ def test_bad_placements_raise_with_the_fix() -> None:
     with pytest.raises(ValueError, match="evenly over 4 devices"):
         Tensor(ints(6, 2)).shard(DEVS, 0)
     with pytest.raises(ValueError, match="names a device twice"):
-        Tensor(ints(4)).shard(("CPU:1", "cpu:1"))
+        Tensor(ints(4)).shard((DEVS[1], DEVS[1].lower()))
     with pytest.raises(TypeError, match="tuple of device names"):
-        Tensor(ints(4)).shard("CPU:1")  # type: ignore[arg-type]
+        Tensor(ints(4)).shard(DEVS[1])  # type: ignore[arg-type]
     a, b = Tensor(ints(4, 4)).shard(DEVS, 0), Tensor(ints(4, 4)).shard(DEVS2, 0)
     with pytest.raises(ValueError, match="different devices"):
         a + b
@@ -261,7 +265,7 @@ def test_jit_captures_the_all_reduce(devices: tuple[str, ...]) -> None:
         xs = ints(8, 5)
         np.testing.assert_array_equal(total(Tensor(xs).shard(devices, 0)).numpy(), xs.sum(0))
     copies = [ei for ei in total.jit_cache if isinstance(ei.runner, BufferCopy)]
-    if devices[0].startswith("CPU"):
+    if all(d.startswith("CPU") for d in devices):
         # CPU devices share the host's memory: the kernels read the other devices' partial sums in place, no copies
         assert not copies
         assert any(len({b.device for b in ei.bufs}) > 1 for ei in total.jit_cache)
@@ -352,6 +356,36 @@ def test_copies_between_cpu_devices_skip_the_host(monkeypatch: pytest.MonkeyPatc
     out = (src.to("CPU:2") + 1).realize()
     monkeypatch.undo()
     np.testing.assert_array_equal(out.numpy(), a + 1)
+
+
+def test_cpu_devices_read_views_of_each_others_values_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    import lazygrad.engine as engine
+
+    a = floats(6, 4)
+    y = Tensor(a, device="CPU:1") * 2  # computed on CPU:1, stored there once, read by CPU:2 through a view
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a copy between two CPU devices ran: a kernel could have read the value in place")
+
+    monkeypatch.setattr(engine.BufferCopy, "__call__", no_copy)
+
+    @TinyJit
+    def step(t: Tensor) -> Tensor:
+        return (t.to("CPU:2").T[1:, ::2] + 1).realize()
+
+    for _ in range(3):
+        out = step(y.realize())
+        np.testing.assert_array_equal(out.numpy(), (a * 2).T[1:, ::2] + 1)
+        assert out.device == "CPU:2"
+    devices = [{b.device for b in ei.bufs} for ei in step.jit_cache]
+    assert devices == [{"CPU:2", "CPU:1"}]
+
+
+def test_a_kernel_never_takes_a_buffer_of_a_device_it_cant_address() -> None:
+    a, b = Tensor(ints(4), device="PYTHON").realize(), Tensor(ints(4), device="PYTHON:1").realize()
+    mixed = Tensor(a.uop.alu(Ops.ADD, b.uop))  # no COPY between them: not something Tensor ops build
+    with pytest.raises(ValueError, match="PYTHON can't address; move the tensor there first"):
+        mixed.realize()
 
 
 def test_python_devices_are_distinct_devices_too() -> None:

@@ -15,6 +15,7 @@ from fake_cuda import FakeDriver, driver_missing, install
 
 from lazygrad_cuda import device
 from lazygrad_cuda.errors import CUDAError, CUDAOutOfMemoryError
+from lazygrad_uop.config import Context
 from lazygrad_uop.device import BufferSpec
 
 pytestmark = pytest.mark.skipif(
@@ -89,6 +90,38 @@ def test_transfers_on_one_gpu_and_between_two(fake: FakeDriver) -> None:
     assert bytes(out) == b"01234567"
     assert "cuMemcpyDtoDAsync" in fake.names() and "cuMemcpyPeerAsync" in fake.names()
     assert fake.names().count("cuCtxEnablePeerAccess") == 2 and gpu0.peers == {1} and gpu1.peers == {0}
+
+
+def test_several_devices_on_one_gpu(fake: FakeDriver) -> None:
+    """CUDA_GPUS=0,0: CUDA and CUDA:1 are two devices (own streams, own memory) on GPU 0; a copy between them is a
+    device-to-device copy ordered after the source's stream, with no peer access (a GPU is no peer of itself)."""
+    with Context(CUDA_GPUS="0,0"):
+        gpu0, gpu1 = device.CUDADevice("CUDA"), device.CUDADevice("CUDA:1")
+        with pytest.raises(ValueError, match=r"CUDA:2 is not in CUDA_GPUS='0,0'"):
+            device.CUDADevice("CUDA:2")
+    assert (gpu0.gpu, gpu1.gpu) == (0, 0) and [args[0] for args in fake.args_of("cuDeviceGet")][-2:] == [0, 0]
+    a, b = gpu0.allocator.alloc(8), gpu1.allocator.alloc(8)
+    gpu0.allocator.copyin(a, memoryview(b"twiceGPU"))
+    before = len(fake.names())
+    gpu1.allocator._transfer(b, a, 8, gpu0, gpu1)
+    calls = fake.names()[before:]
+    assert "cuMemcpyDtoDAsync" in calls and "cuStreamWaitEvent" in calls
+    assert "cuMemcpyPeerAsync" not in calls and "cuCtxEnablePeerAccess" not in calls
+    out = bytearray(8)
+    gpu1.allocator.copyout(memoryview(out), b)
+    assert bytes(out) == b"twiceGPU"
+
+
+@pytest.mark.parametrize(
+    ("mapping", "index", "want"),
+    [("", 3, 3), ("0,0", 1, 0), ("1,0", 0, 1), (" 2, 0 ", 0, 2), ("0,x", 0, "GPU numbers"), ("0,-1", 1, "negative")],
+)
+def test_gpu_ordinals_from_cuda_gpus(mapping: str, index: int, want: int | str) -> None:
+    if isinstance(want, int):
+        assert device.gpu_ordinal(index, mapping) == want
+    else:
+        with pytest.raises(ValueError, match=want):
+            device.gpu_ordinal(index, mapping)
 
 
 def test_launch_arguments_and_timing(fake: FakeDriver) -> None:

@@ -140,3 +140,21 @@ def test_tensors_on_cuda_match_numpy(gpu: CUDADevice) -> None:
     x, y = RNG.integers(-3, 4, (64, 96)).astype(np.float16), RNG.integers(-3, 4, (96, 32)).astype(np.float16)
     got = (lazygrad.Tensor(x, device="CUDA").float() @ lazygrad.Tensor(y, device="CUDA").float()).numpy()
     np.testing.assert_array_equal(got, x.astype(np.float32) @ y.astype(np.float32))
+
+
+def test_multi_device_suite_on_one_gpu_mapped_four_times(gpu: CUDADevice) -> None:
+    """The frontend's multi-device suite (packages/frontend/tests/test_multi.py: sharding, all-reduces, gradients, the
+    JIT, data- and model-parallel training, each against numpy and one device) on CUDA, CUDA:1, CUDA:2 and CUDA:3, all
+    placed on GPU 0 by CUDA_GPUS, so their copies are device-to-device copies between four streams. In a fresh process:
+    the placement is read when a device opens."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "CUDA_GPUS": "0,0,0,0", "MULTI_TEST_DEVICES": "CUDA,CUDA:1,CUDA:2,CUDA:3"}
+    suite = root / "packages" / "frontend" / "tests" / "test_multi.py"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -13,8 +13,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lazygrad import Tensor
+from lazygrad import Tensor, index_checks
+from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import to_numpy_dtype
+from lazygrad_uop.ops import Ops
+from lazygrad_uop.tensor_graph import buffer_of
 
 REDUCE_OPS = ("sum", "prod", "max", "min", "avg")
 
@@ -31,6 +34,22 @@ def check_op(op: str, dtype: object) -> None:
         raise CollectiveError(f"an 'avg' all-reduce needs a floating-point tensor, got {dtype}; cast it first")
 
 
+def _whole_buffer(t: Tensor) -> Buffer | None:
+    """The buffer that tensor `t` is, all of it in order, when `t` is nothing more (nothing to compute, no view)."""
+    u = t.uop
+    if u.op is not Ops.VIEW or not u.src or u.src[0].op is not Ops.BUFFER:
+        return None
+    return buffer_of(u.src[0]) if u.arg.contiguous and u.arg.size == u.src[0].arg else None
+
+
+def _host_memory(buf: Buffer, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`buf`'s memory as a numpy array of `shape`, where the device's memory is host memory, else None."""
+    as_buffer = getattr(buf.allocator, "_as_buffer", None)
+    if as_buffer is None or not buf.nbytes:
+        return None
+    return np.frombuffer(as_buffer(buf.handle), dtype=to_numpy_dtype(buf.dtype), count=buf.size).reshape(shape)
+
+
 def host_array(t: Tensor) -> np.ndarray:
     """`t` realized, as a C-contiguous numpy array: a read-only view of the device memory where the device's memory
     is host memory, else a copy."""
@@ -38,6 +57,13 @@ def host_array(t: Tensor) -> np.ndarray:
         raise CollectiveError(
             f"a process group's collectives take a tensor on one device, not on {t.device}; gather it with .to()"
         )
+    # a realized tensor that is a whole buffer is read where it lies; going through Tensor.numpy would schedule it
+    # again, which costs more than an all-reduce of a megabyte
+    buf = _whole_buffer(t)
+    if buf is not None and buf.is_allocated and (view := _host_memory(buf, t.shape)) is not None:
+        index_checks.verify(t)  # a read synchronises: pending index checks raise here, as Tensor.numpy's do
+        view.flags.writeable = False
+        return view
     return np.ascontiguousarray(t.numpy())
 
 
@@ -45,13 +71,13 @@ def output_tensor(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, np.ndar
     """A new realized tensor of `shape` with `like`'s dtype and device, a writable numpy array that the
     communication library fills, and the function to call once it has: where the device's memory is host memory the
     array *is* that memory (nothing to do), else a host array copied in."""
-    npdt = to_numpy_dtype(like.dtype)
     out = Tensor.empty(*shape, dtype=like.dtype, device=like.device)
-    buf, _ = out._buffer_view()
-    as_buffer = getattr(buf.allocator, "_as_buffer", None)
-    if as_buffer is not None and buf.nbytes:
-        return out, np.frombuffer(as_buffer(buf.handle), dtype=npdt, count=buf.size).reshape(shape), lambda: None
-    host = np.empty(shape, dtype=npdt)
+    buf = _whole_buffer(out)
+    assert buf is not None, "Tensor.empty is a whole buffer"
+    buf.allocate()
+    if (view := _host_memory(buf, shape)) is not None:
+        return out, view, lambda: None
+    host = np.empty(shape, dtype=to_numpy_dtype(like.dtype))
     return out, host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
 
 

@@ -30,7 +30,7 @@ from lazygrad_scheduler import ScheduleItem, create_schedule, intermediate_buffe
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Allocator, Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.registry import Device, DeviceName
+from lazygrad_uop.registry import Device, DeviceName, shares_host_memory
 from lazygrad_uop.uop import UOp, eval_uop, sint
 
 if TYPE_CHECKING:
@@ -223,7 +223,15 @@ def lower_schedule_item(si: ScheduleItem, plan: Mapping[Buffer, Buffer] | None =
     bufs = list(si.bufs) if not plan else [plan.get(b, b) for b in si.bufs]
     if si.ast.op is Ops.COPY:
         return ExecItem(BufferCopy(si.bufs[0].device), bufs, si.var_vals)
-    return ExecItem(get_runner(si.bufs[0].device, si.ast), bufs, si.var_vals)
+    device = si.bufs[0].device
+    for b in si.bufs[1:]:
+        # a kernel takes other devices' buffers only where it reads them in place (host memory, see placement.py)
+        if b.device != device and not shares_host_memory(device, b.device):
+            raise InputError(
+                f"a kernel on {device} uses a buffer on {b.device}, which {device} can't address; move the tensor "
+                f"there first (.to({device!r}))"
+            )
+    return ExecItem(get_runner(device, si.ast), bufs, si.var_vals)
 
 
 def has_no_work(si: ScheduleItem) -> bool:

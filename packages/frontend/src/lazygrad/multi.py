@@ -30,11 +30,11 @@ from typing import Any
 
 from lazygrad.errors import InputError
 from lazygrad.gradient import compute_gradient
-from lazygrad_scheduler.placement import shares_host_memory
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
+from lazygrad_uop.registry import shares_host_memory
 from lazygrad_uop.shape import device_of, shape_of
 from lazygrad_uop.uop import UOp
 

@@ -140,17 +140,23 @@ class CUDAAllocator(LRUAllocator):
             stream = dest_device.stream
             check(driver.cuMemcpyDtoDAsync(dest.ptr, src.ptr, size, stream), "cuMemcpyDtoDAsync")
             return
-        dest_device.enable_peer_access(src_device)
-        # the copy starts after the source GPU's queued work (which may still be writing src) ...
+        # two lazygrad devices on one GPU (CUDA_GPUS) share its context: a device-to-device copy between their streams
+        one_gpu = src_device.gpu == dest_device.gpu
+        if not one_gpu:
+            dest_device.enable_peer_access(src_device)
+        # the copy starts after the source device's queued work (which may still be writing src) ...
         _stream_waits_for(dest_device, src_device)
         dest_device.activate()
-        check(
-            driver.cuMemcpyPeerAsync(
-                dest.ptr, dest_device.context, src.ptr, src_device.context, size, dest_device.stream
-            ),
-            "cuMemcpyPeerAsync",
-        )
-        # ... and the source GPU's later work (which may overwrite src) waits for the copy
+        if one_gpu:
+            check(driver.cuMemcpyDtoDAsync(dest.ptr, src.ptr, size, dest_device.stream), "cuMemcpyDtoDAsync")
+        else:
+            check(
+                driver.cuMemcpyPeerAsync(
+                    dest.ptr, dest_device.context, src.ptr, src_device.context, size, dest_device.stream
+                ),
+                "cuMemcpyPeerAsync",
+            )
+        # ... and the source device's later work (which may overwrite src) waits for the copy
         _stream_waits_for(src_device, dest_device)
 
     def _offset(self, handle: CUDABuffer, size: int, offset: int) -> CUDABuffer:

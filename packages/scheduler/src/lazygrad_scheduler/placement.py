@@ -3,24 +3,16 @@
 A COPY between two devices whose memory is the host's (CPU:0 and CPU:1: their allocators say `shares_host_memory`)
 needs no bytes moved before a kernel can read the value: the kernel on the target device takes the source buffer's
 address like any of its own. The scheduler then fuses such a copy into the kernels that read it (an in-place read)
-instead of giving it a copy of its own; a copy that is itself an output still gets its own buffer.
+instead of giving it a copy of its own; a copy that is itself an output gets its own buffer, written by a kernel that
+reads the source in place.
 """
 
 from __future__ import annotations
 
-import functools
-
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.registry import shares_host_memory
 from lazygrad_uop.shape import device_of
 from lazygrad_uop.uop import UOp
-
-
-@functools.cache
-def shares_host_memory(a: str, b: str) -> bool:
-    """Whether a kernel on device `a` can read a buffer of device `b` in place (both give out host memory)."""
-    from lazygrad_uop.registry import Device  # opens the devices on first use
-
-    return all(getattr(Device[d].allocator, "shares_host_memory", False) for d in (a, b))
 
 
 def reads_in_place(copy: UOp) -> bool:

@@ -88,7 +88,8 @@ class Allocator(abc.ABC):
     shares_host_memory: bool = False
     """True for allocators whose handles are host memory of this process that compiled kernels take by address (the
     CPU's): a kernel on one device of this kind can then read another's buffers in place, with no copy between them.
-    The scheduler reads a copy between two such devices that way (see lazygrad_scheduler.placement)."""
+    `lazygrad_uop.registry.shares_host_memory` asks it of two devices; the scheduler reads a copy between two such
+    devices in place (lazygrad_scheduler.placement)."""
 
     def _offset(self, handle: Any, size: int, offset: int) -> Any:
         """A handle for the `size` bytes at byte `offset` of `handle`, sharing its memory (optional)."""

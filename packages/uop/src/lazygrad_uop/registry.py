@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib.metadata
 import inspect
 import threading
@@ -640,3 +641,10 @@ class DeviceRegistry:
 
 Device = DeviceRegistry()
 """The process-wide registry, found through the installed distributions' `lazygrad` entry points."""
+
+
+@functools.cache
+def shares_host_memory(a: str, b: str) -> bool:
+    """Whether a kernel on device `a` can take a buffer of device `b` by address and read it in place: both devices'
+    allocators give out host memory of this process (`Allocator.shares_host_memory`, as CPU:0 and CPU:1 do)."""
+    return all(getattr(Device[d].allocator, "shares_host_memory", False) for d in (a, b))
