@@ -14,7 +14,8 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
   than storing it once and reloading it: GELU before a matmul, softmax's exp before weights @ values; cheap
   producers (a cast, a scale, a bias) still fuse;
 - an elementwise value read by several kernels is recomputed unless storing it once moves fewer bytes;
-- outputs of one shape that share inputs are computed by one kernel with several STOREs.
+- outputs of one shape that share inputs are computed by one kernel with several STOREs;
+- a COPY between devices that share host memory is a load of the (stored) source where it lies (`placement.py`).
 """
 
 from __future__ import annotations
