@@ -348,3 +348,84 @@ def test_rewrite_limit() -> None:
         u = u * x
     with Context(REWRITE_LIMIT=10):
         assert graph_rewrite(u, count_up) is u and graph_rewrite(u, count_up, top_down=True) is u
+
+
+# *** memo=True: results kept on the nodes for later calls ***
+
+
+def counting_folding() -> tuple[PatternMatcher, Counter]:
+    """`folding`'s rule in a fresh matcher (its own memo), counting the nodes it is called on."""
+    calls: Counter = Counter()
+
+    def fold(a: UOp, b: UOp, v: UOp) -> UOp:
+        calls[v] += 1
+        return a.const_like(a.arg + b.arg)
+
+    pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.cvar("a"), UPat.cvar("b")), name="v"), fold)])
+    return pm, calls
+
+
+@given(st.recursive(st.integers(-5, 5), lambda inner: st.tuples(inner, inner), max_leaves=20), st.integers(0, 10))
+def test_memo_gives_what_a_plain_rewrite_gives(tree, xv: int) -> None:
+    def build(t) -> UOp:
+        return x.const_like(t) if isinstance(t, int) else build(t[0]) + build(t[1])
+
+    def total(t) -> int:
+        return t if isinstance(t, int) else total(t[0]) + total(t[1])
+
+    pm, _ = counting_folding()
+    u = build(tree) * x
+    first = graph_rewrite(u, pm, memo=True)
+    assert first is graph_rewrite(u, pm) and graph_rewrite(u, pm, memo=True) is first
+    assert eval_uop(first, {x: xv}) == total(tree) * xv
+    # a bigger graph holding the first: its memoised part is not offered to the rule again
+    bigger = graph_rewrite(u + build(tree), pm, memo=True)
+    assert eval_uop(bigger, {x: xv}) == total(tree) * xv + total(tree)
+
+
+def test_memo_skips_a_subgraph_seen_before() -> None:
+    pm, calls = counting_folding()
+    one, two = x.const_like(1), x.const_like(2)
+    inner = (one + two) * x
+    assert graph_rewrite(inner, pm, memo=True) is x.const_like(3) * x
+    assert calls[one + two] == 1
+    # one + two and everything under inner are known: only the new ADD of constants meets the rule
+    out = graph_rewrite(inner + (two + two), pm, memo=True)
+    assert out is x.const_like(3) * x + 4
+    assert calls[one + two] == 1 and calls[two + two] == 1
+    # without memo the rule sees the shared part again
+    graph_rewrite(inner + (two + two), pm)
+    assert calls[one + two] == 2
+
+
+def test_memo_is_per_matcher_and_context() -> None:
+    def shift(ctx: int, v: UOp) -> UOp:
+        return v.const_like(v.arg + ctx)
+
+    pm = PatternMatcher([(UPat(Ops.CONST, dtype=dtypes.int32, arg=3, name="v"), shift)])
+    u = UOp(Ops.SINK, dtypes.void, (UOp(Ops.NOOP, dtypes.void, (c3,)),))
+    results = {ctx: graph_rewrite(u, pm, ctx=ctx, memo=True) for ctx in (0, 2, 5)}
+    # each ctx's result is its own (a stale entry from another ctx would give the wrong constant)
+    assert results[0] is u
+    assert results[2].src[0].src[0] is UOp.const(dtypes.int32, 5)
+    assert results[5].src[0].src[0] is UOp.const(dtypes.int32, 8)
+    # another matcher with the same rule keeps its own results
+    other = PatternMatcher([(UPat(Ops.CONST, dtype=dtypes.int32, arg=3, name="v"), lambda v: v.const_like(30))])
+    assert graph_rewrite(c3, other, memo=True) is UOp.const(dtypes.int32, 30)
+    assert graph_rewrite(c3, pm, ctx=2, memo=True) is UOp.const(dtypes.int32, 5)
+
+
+def test_memo_needs_a_hashable_context_and_bottom_up() -> None:
+    with pytest.raises(TypeError, match="hashable ctx"):
+        graph_rewrite(x + 1, folding, ctx=set(), memo=True)
+    with pytest.raises(ValueError, match="bottom-up"):
+        graph_rewrite(x + 1, folding, top_down=True, memo=True)
+
+
+def test_memo_after_a_failed_rewrite_keeps_nothing() -> None:
+    a, b = UOp(Ops.NOOP, dtypes.void, (), "a"), UOp(Ops.NOOP, dtypes.void, (), "b")
+    swap = PatternMatcher([(UPat(Ops.NOOP, arg="a"), lambda: b), (UPat(Ops.NOOP, arg="b"), lambda: a)])
+    root = UOp(Ops.SINK, dtypes.void, (a,))
+    for _ in range(2):  # the second call fails the same way: nothing of the first was remembered
+        with pytest.raises(RewriteError, match="cycle"):
+            graph_rewrite(root, swap, memo=True)

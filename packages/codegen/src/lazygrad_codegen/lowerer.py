@@ -256,13 +256,21 @@ class _Lowerer:
         # (constants included) in the type of the indices they are given, which must be the kernel's
         return [i if i.dtype == self.idx_dt else i.cast(self.idx_dt) for i in out]
 
+    def lane_idxs(self, lanes: _Lanes) -> list[list[UOp]]:
+        """`idxs` of every lane of `lanes`, in the order of `lanes.coords()`: computed once per context, since every
+        view read in it (a kernel reads several, per lane) needs the same ones."""
+        # `idxs` tells the output context from an equal one by identity (reduce axes read as 0 above the reduce)
+        key = ("idxs", lanes, lanes is self.out)
+        if (known := self.memo.get(key)) is None:
+            known = self.memo[key] = [self.idxs(lanes, coord) for coord in lanes.coords()]  # type: ignore[assignment]
+        return known  # type: ignore[return-value]
+
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
         """(index, valid) of `view` for each lane."""
         st = self.k.views[view]
         relevant = relevant_axes(st)
         out = []
-        for coord in lanes.coords():
-            idxs = self.idxs(lanes, coord)
+        for idxs in self.lane_idxs(lanes):
             key = ("index", view, tuple(idxs[a] for a in relevant))
             if key not in self.memo:
                 self.memo[key] = st.to_indexed_uops(idxs)  # type: ignore[assignment]

@@ -111,13 +111,13 @@ def program_of(k: Kernel) -> ProgramSpec:
     lowered = lower(k, width)
     sink = lowered.sink
     if lowered.index_dtype != dtypes.int32:
-        sink = graph_rewrite(sink, promote_rules, name="widen mixed index arithmetic")
+        sink = graph_rewrite(sink, promote_rules, name="widen mixed index arithmetic", memo=True)
     sink = guard_divisions(sink)
-    sink = graph_rewrite(sink, _simplify_rules, name="simplify lowered kernel")
+    sink = graph_rewrite(sink, _simplify_rules, name="simplify lowered kernel", memo=True)
     split, ctx = split_rules(width)
-    sink = graph_rewrite(sink, split, ctx=ctx, name="cut vectors")
+    sink = graph_rewrite(sink, split, ctx=ctx, name="cut vectors", memo=True)
     sink = group_memory(sink, renderer)
-    sink = graph_rewrite(sink, _simplify_rules, name="simplify vectorized kernel")
+    sink = graph_rewrite(sink, _simplify_rules, name="simplify vectorized kernel", memo=True)
     sink = _renumber_accumulators(sink)
     name = kernel_name(k.ast)
     if DEBUG >= 3:

@@ -237,6 +237,8 @@ class PatternMatcher:
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = list(rules)
+        # graph_rewrite(memo=True): the node attribute each ctx's results are kept under
+        self._memo_attrs: dict[Any, str] = {}
         # indexed by the op's int value, not by the op: hashing an Enum member is a Python-level call on Python 3.11
         self._by_value: list[list[tuple[UPat, Callable[..., UOp | None], bool]]] = [
             [] for _ in range(max(op._value_ for op in Ops) + 1)
@@ -271,8 +273,31 @@ class PatternMatcher:
         return None
 
 
+def _memo_attr(pm: PatternMatcher, ctx: Any) -> str:
+    """The name under which nodes keep what `pm` with `ctx` rewrites them to (one name per matcher and context)."""
+    key = (type(ctx), ctx)  # 1 and True are different contexts
+    try:
+        return pm._memo_attrs[key]
+    except KeyError:
+        pass
+    except TypeError as exc:
+        raise TypeError(f"graph_rewrite(memo=True) needs a hashable ctx, got {type(ctx).__name__}") from exc
+    return pm._memo_attrs.setdefault(key, f"_rewritten_{next(_MEMO_SERIAL)}")
+
+
+_MEMO_SERIAL = itertools.count()
+# what a node's memo entry holds when the node is its own result: storing the node itself would make a reference
+# cycle, leaving every such node to the cycle collector
+_FIXED = True
+
+
 def graph_rewrite(
-    root: UOp, pm: PatternMatcher, ctx: Any = None, top_down: bool = False, name: str | None = None
+    root: UOp,
+    pm: PatternMatcher,
+    ctx: Any = None,
+    top_down: bool = False,
+    name: str | None = None,
+    memo: bool = False,
 ) -> UOp:
     """Rewrite the graph under `root` with `pm` until no rule applies anywhere (a fixed point).
 
@@ -280,7 +305,15 @@ def graph_rewrite(
     applies; what a rule returns is rewritten in the same way. With `top_down=True` each node is also offered to
     the rules before its sources, so a rule can replace a subgraph without it being rewritten first.
     Every distinct node is rewritten once (memoised); the walk is iterative, so deep graphs are fine.
+
+    `memo=True` also remembers, on each node, what it rewrote to, for later calls with the same matcher and `ctx`
+    (which must be hashable): a subgraph seen before (a kernel's index arithmetic shared with another kernel, or a
+    graph already simplified by an earlier pass) costs one lookup. Only for rules whose result depends on nothing but
+    the node and `ctx` (no state in `ctx`, no settings read while rewriting); bottom-up only.
     """
+    if memo and top_down:
+        raise ValueError("graph_rewrite: memo=True works bottom-up only; pass top_down=False or memo=False")
+    attr = _memo_attr(pm, ctx) if memo else None
     done: dict[UOp, UOp] = {}
     in_progress: set[UOp] = set()
     budget = REWRITE_LIMIT.value
@@ -291,6 +324,9 @@ def graph_rewrite(
         node, stage, pending = stack.pop()
         if stage == 0:
             if node in done:
+                continue
+            if attr is not None and (known := node.__dict__.get(attr)) is not None:
+                done[node] = node if known is _FIXED else known
                 continue
             if node in in_progress:
                 raise RewriteError(f"graph_rewrite{' ' + name if name else ''}: rules rewrite {node.op} in a cycle")
@@ -322,4 +358,7 @@ def graph_rewrite(
             raise RewriteError(f"graph_rewrite{' ' + name if name else ''} exceeded REWRITE_LIMIT rewrites")
         stack.append((node, 2, new))
         stack.append((new, 0, None))
+    if attr is not None:
+        for node, out in done.items():
+            node.__dict__[attr] = _FIXED if out is node else out
     return done[root]

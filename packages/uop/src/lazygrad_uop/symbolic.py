@@ -636,7 +636,7 @@ def simplify(u: UOp) -> UOp:
     graph: a rewrite may stop sharing a constant or a subexpression with another part of it. In the rare case
     where that makes the whole graph bigger, `u` is returned unchanged.
     """
-    out = graph_rewrite(u, symbolic, name="symbolic")
+    out = graph_rewrite(u, symbolic, name="symbolic", memo=True)
     return out if _size(out) <= _size(u) else u
 
 
