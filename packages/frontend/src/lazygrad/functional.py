@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lazygrad.errors import InputError, KindError
+from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
+from lazygrad_codegen.reductions import split_k_parts
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+from lazygrad_uop.shape import shape_of
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -61,6 +65,69 @@ def _reduce_loss(loss: Tensor, reduction: str, weight_sum: Tensor | None = None)
     if reduction == "mean":
         return loss.sum() / weight_sum if weight_sum is not None else loss.mean()
     raise InputError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _transposed_kernel(weight: Tensor, groups: int) -> Tensor:
+    """(C_a, C_b/groups, *kernel) -> (C_b, C_a/groups, *kernel), each group's channels swapped and the kernel
+    flipped: the weight of the convolution that is the transpose (the input gradient) of one with `weight`."""
+    nd = weight.ndim - 2
+    ca, cb_g, k = weight.shape[0], weight.shape[1], weight.shape[2:]
+    w = weight.reshape(groups, ca // groups, cb_g, *k).transpose(1, 2).flip(*range(3, 3 + nd))
+    return w.reshape(groups * cb_g, ca // groups, *k)
+
+
+def _conv_input_gradient(
+    g: Tensor, weight: Tensor, size: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """The gradient of conv2d's input (spatial `size`) from its output's, `g`: one convolution (dilation d, stride
+    1) of g, spread out by the stride and padded, with the transposed kernel, so one reduction over output channels
+    and kernel positions. Rows of the padded input past the last window get zeros (a pad), those of the padding none
+    (a negative pad)."""
+    k, out = weight.shape[2:], g.shape[2:]
+    edges = []
+    for n, kk, ss, dd, o, (before, _) in zip(size, k, s, d, out, pads):
+        left = dd * (kk - 1) - before
+        edges.append((left, n + dd * (kk - 1) - left - ((o - 1) * ss + 1)))
+    x = g._spread(s).pad(((0, 0), (0, 0), *edges))
+    return x.conv2d(_transposed_kernel(weight, groups), groups=groups, dilation=d)
+
+
+def _conv_weight_gradient(
+    g: Tensor, x: Tensor, wshape: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """The gradient of conv2d's weight (of shape `wshape`) from its output's, `g`: a sum over the batch and the
+    output pixels of g times the input's windows. On a GPU that would get fewer tiles than it has compute units, the
+    batch is cut into parts summed by separate workgroups (split-K, `split_k_parts`), then the parts are summed."""
+    from lazygrad.split_reduce import renderer_of
+
+    nd, bs = len(s), g.shape[0]
+    cout_g, cin_g, k = wshape[0] // groups, wshape[1], wshape[2:]
+    xp = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
+    out = xp.shape[2 : 2 + nd]
+    renderer = renderer_of(g.device)
+    length = bs * math.prod(out)
+    parts = 1 if renderer is None else split_k_parts(renderer, cout_g, cin_g * math.prod(k), bs, length, groups)
+    xp = xp.reshape(parts, bs // parts, groups, 1, cin_g, *out, *k)
+    gg = g.reshape(parts, bs // parts, groups, cout_g, 1, *out, *(1,) * nd)
+    acc = dtypes.float32 if g.dtype in (dtypes.float16, dtypes.bfloat16) else g.dtype
+    partial = (gg * xp).sum((1, *range(5, 5 + nd)), dtype=acc)  # (parts, groups, cout_g, cin_g, *k)
+    return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
+
+
+def _conv_gradients(x: UOp, weight: UOp, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads) -> GradientRule:
+    """conv2d's backward (see `set_gradient_rule`): the input's and the weight's gradients, each what is needed."""
+
+    def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
+        from lazygrad.tensor import Tensor
+
+        g, grads = Tensor(ctx), {}
+        if needed(x):
+            grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], groups, s, d, pads).uop
+        if needed(weight):
+            grads[weight] = _conv_weight_gradient(g, Tensor(x), shape_of(weight), groups, s, d, pads).uop
+        return grads
+
+    return rule
 
 
 class FunctionalMixin:
@@ -148,6 +215,11 @@ class FunctionalMixin:
         if acc is None and not dtypes.is_float(prod.dtype):
             acc = prod.dtype
         ret = prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
+        if not type(self).no_grad and dtypes.is_float(ret.dtype) and self.dtype == weight.dtype == ret.dtype:
+            # autograd through the window view would store the product of the gradient and the weight at every window
+            # position (9x the input for a 3x3 kernel) and sum it in a second kernel; written out, each gradient is one
+            # reduction
+            set_gradient_rule(ret.uop, _conv_gradients(self.uop, weight.uop, groups, s, d, pads))
         return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
 
     @concrete_sizes("conv1d")
@@ -207,21 +279,23 @@ class FunctionalMixin:
             )
         s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
         p, op = _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding")
-        w = weight.reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
-        w = w.flip(*range(3, 3 + nd)).reshape(groups * cout_g, cin // groups, *k)
+        edge = [dd * (kk - 1) - pp for dd, kk, pp in zip(d, k, p)]
+        x = self._spread(s).pad(((0, 0), (0, 0), *((e, e + o) for e, o in zip(edge, op))))
+        return x.conv2d(_transposed_kernel(weight, groups), bias, groups=groups, dilation=d)
+
+    def _spread(self: Tensor, stride: tuple[int, ...]) -> Tensor:
+        """The spatial (last len(stride)) dims spread out by `stride`: each element followed by stride - 1 zeros,
+        the last one's dropped (a view: the zeros are a pad)."""
         x = self
-        for i, si in enumerate(s):
+        for i, si in enumerate(stride):
             if si == 1:
                 continue
-            # spread the elements out: each followed by stride - 1 zeros, the last one's dropped
-            ax = 2 + i
+            ax = x.ndim - len(stride) + i
             n = x.shape[ax]
             x = x.unsqueeze(ax + 1).pad(tuple((0, si - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)))
             x = x.reshape(*x.shape[:ax], n * si, *x.shape[ax + 2 :])
             x = x.shrink(tuple((0, n * si - (si - 1)) if j == ax else None for j in range(x.ndim)))
-        edge = [dd * (kk - 1) - pp for dd, kk, pp in zip(d, k, p)]
-        x = x.pad(((0, 0), (0, 0), *((e, e + o) for e, o in zip(edge, op))))
-        return x.conv2d(w, bias, groups=groups, dilation=d)
+        return x
 
     # *** pooling ***
 
