@@ -5,6 +5,7 @@ register spills for them. No GPU needed: nothing runs."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -91,3 +92,54 @@ def test_asynchronous_copies_start_at_ampere() -> None:
 def test_ldmatrix_starts_at_turing() -> None:
     assert CUDARenderer("sm_75").has_ldmatrix and CUDARenderer("sm_90").has_ldmatrix
     assert not CUDARenderer("sm_70").has_ldmatrix
+
+
+@pytest.fixture
+def cuda_graphs():
+    """Tensor graphs built for CUDA (sm_80, 132 multiprocessors as on an H100) without a GPU: the PYTHON device
+    renders for CUDA while a test builds and schedules them (nothing runs)."""
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    dev.use_renderer(renderer)
+    yield renderer
+    dev.use_renderer(before)
+
+
+def _spills(spec) -> list[str]:
+    """The archs of sm_80 and sm_90 for which ptxas reports register spills in `spec`."""
+    bad = []
+    for arch in ("sm_80", "sm_90"):
+        log = nvrtc_compile(spec.src, arch, spec.name, options=("--ptxas-options=-v",)).log
+        found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert found is not None, f"no ptxas report in NVRTC's log:\n{log}"
+        if found.groups() != ("0", "0"):
+            bad.append(arch)
+    return bad
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32])
+def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType) -> None:
+    from lazygrad_codegen.reductions import SPLIT_K_MAX
+
+    renderer = cuda_graphs
+    x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(64, 64, 3, 3, dtype=dtype).requires_grad_()
+    out = x.conv2d(w, padding=1)
+    dx, dw = out.gradient(x, w, gradient=_t(64, 64, 56, 56, dtype=dtype))
+    # the input gradient: one staged kernel, as many workgroups as the forward's
+    (dx_item,) = dx.schedule()
+    dx_spec = get_program(dx_item.ast, renderer)
+    assert Opt(OptOps.STAGE) in dx_spec.opts and not _spills(dx_spec)
+    # the weight gradient: a staged kernel of parts with a workgroup or more per multiprocessor (unsplit, its 64 x 576
+    # outputs made 9), then their sum, which reads at most SPLIT_K_MAX values per weight
+    parts_item, sum_item = dw.schedule()
+    spec = get_program(parts_item.ast, renderer)
+    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
+    assert math.prod(spec.global_size) >= renderer.compute_units == 132
+    assert math.prod(spec.local_size) >= 64, "several warps (or 64 FMA threads) per workgroup"
+    assert not _spills(spec)
+    assert sum_item.bufs[0].size == 64 * 64 * 9 and sum_item.bufs[1].size <= SPLIT_K_MAX * 64 * 64 * 9
+    if dtype == dtypes.float16:
+        assert "mma.sync" in spec.src and "mma.sync" in dx_spec.src

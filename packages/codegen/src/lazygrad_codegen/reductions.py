@@ -161,17 +161,17 @@ SPLIT_K_MAX = 64
 """At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
 
 
-def split_k_parts(renderer: Renderer, m: int, n: int, batch: int, length: int, groups: int = 1) -> int:
-    """Into how many parts (a divisor of `batch`, the outermost reduced axis) to cut a matmul-like reduction of
-    `length` products to each of the `groups * m * n` outputs, so that a GPU with local memory gets at least one
+def split_k_parts(renderer: Renderer, m: int, n: int, axis: int, length: int, groups: int = 1) -> int:
+    """Into how many parts (a divisor of `axis`, the size of the reduced axis to cut) to cut a matmul-like reduction
+    of `length` products to each of the `groups * m * n` outputs, so that a GPU with local memory gets at least one
     workgroup of `GEMM_TILE`-square tiles per compute unit; 1 to leave it whole (CPUs, enough tiles already, a
     reduction too short to share). The parts are summed by a second kernel."""
     units = renderer.compute_units
-    if not (renderer.has_local and renderer.has_shared) or units < 2 or batch < 2:
+    if not (renderer.has_local and renderer.has_shared) or units < 2 or axis < 2:
         return 1
     tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
     if tiles >= units:
         return 1
     want = -(-units // tiles)
-    fits = [p for p in range(2, min(batch, SPLIT_K_MAX) + 1) if batch % p == 0 and length // p >= SPLIT_K_MIN]
+    fits = [p for p in range(2, min(axis, SPLIT_K_MAX) + 1) if axis % p == 0 and length // p >= SPLIT_K_MIN]
     return next((p for p in fits if p >= want), fits[-1] if fits else 1)

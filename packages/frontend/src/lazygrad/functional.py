@@ -97,7 +97,8 @@ def _conv_weight_gradient(
 ) -> Tensor:
     """The gradient of conv2d's weight (of shape `wshape`) from its output's, `g`: a sum over the batch and the
     output pixels of g times the input's windows. On a GPU that would get fewer tiles than it has compute units, the
-    batch is cut into parts summed by separate workgroups (split-K, `split_k_parts`), then the parts are summed."""
+    output rows are cut into parts summed by separate workgroups (split-K, `split_k_parts`), then the parts are
+    summed. Rows, not the batch: the batch is the reduction axis tensor cores take (a few rows may not fill one)."""
     from lazygrad.split_reduce import renderer_of
 
     nd, bs = len(s), g.shape[0]
@@ -106,11 +107,13 @@ def _conv_weight_gradient(
     out = xp.shape[2 : 2 + nd]
     renderer = renderer_of(g.device)
     length = bs * math.prod(out)
-    parts = 1 if renderer is None else split_k_parts(renderer, cout_g, cin_g * math.prod(k), bs, length, groups)
-    xp = xp.reshape(parts, bs // parts, groups, 1, cin_g, *out, *k)
-    gg = g.reshape(parts, bs // parts, groups, cout_g, 1, *out, *(1,) * nd)
+    parts = 1 if renderer is None else split_k_parts(renderer, cout_g, cin_g * math.prod(k), out[0], length, groups)
+    # (parts, N, groups, C_out/groups, C_in/groups, rows of a part, *out[1:], *k), the product summed over N and pixels
+    xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
+    gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
+    order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
     acc = dtypes.float32 if g.dtype in (dtypes.float16, dtypes.bfloat16) else g.dtype
-    partial = (gg * xp).sum((1, *range(5, 5 + nd)), dtype=acc)  # (parts, groups, cout_g, cin_g, *k)
+    partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
     return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
 
 
@@ -271,7 +274,7 @@ class FunctionalMixin:
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
             raise InputError(f"conv_transpose of input {self.shape} with weight {weight.shape}: spatial dims differ")
-        cin, cout_g = weight.shape[:2]
+        cin = weight.shape[0]
         k = weight.shape[2:]
         if cin != self.shape[1] or cin % groups:
             raise InputError(
