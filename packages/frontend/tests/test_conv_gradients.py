@@ -59,6 +59,10 @@ CASES = [
     ((1, 3, 7, 7), (2, 3, 3, 3), 1, 1, 1, (0, 2, 1, 0)),  # flat (left, right, top, bottom)
     ((1, 2, 6, 6), (2, 2, 2, 2), 1, 1, 1, 3),  # padding wider than the kernel: whole windows of zeros
     ((1, 4, 8, 8), (4, 1, 3, 3), 4, 2, 1, "valid"),  # depthwise
+    ((2, 4, 9, 8), (6, 4, 1, 1), 1, 2, 1, 0),  # ResNet's downsample
+    ((1, 3, 16, 15), (4, 3, 7, 7), 1, 2, 1, 3),  # ResNet's stem
+    ((1, 4, 10, 9), (4, 2, 3, 4), 2, (2, 1), (1, 2), (2, 1)),  # stride 2 by phases next to a dilated dim
+    ((1, 2, 7, 8), (2, 2, 2, 3), 1, 2, 1, (0, 3, 2, 1)),  # even kernels, asymmetric padding
     ((2, 3, 11), (4, 3, 3), 1, 3, 2, 2),  # 1-d
     ((1, 2, 5, 6, 5), (4, 1, 2, 3, 2), 2, (1, 2, 1), (1, 1, 2), 1),  # 3-d
 ]
@@ -146,9 +150,9 @@ def test_input_gradient_is_one_kernel_reading_the_output_gradient(stride: int) -
     assert si.bufs[0].size == 64 * 64 * (56 * stride) ** 2
     assert sorted(b.size for b in si.bufs[1:]) == [64 * 64 * 9, 64 * 64 * 56 * 56]
     assert len([u for u in si.ast.toposort if u.op is Ops.REDUCE_AXIS]) == 1
-    # over output channels x kernel rows x kernel columns
+    # over output channels x kernel rows x kernel columns; at stride 2, x the 2 taps of each phase (of 2 per dim)
     k = Kernel(si.ast, Device["CPU"].renderer)
-    assert sorted(k.full_shape[a] for a in k.axes(AxisType.REDUCE)) == [3, 3, 64]
+    assert sorted(k.full_shape[a] for a in k.axes(AxisType.REDUCE)) == ([3, 3, 64] if stride == 1 else [2, 2, 64])
     assert _intermediate_bytes(items) == 0
 
 

@@ -121,13 +121,15 @@ def _spills(spec) -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32])
-def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType) -> None:
+@pytest.mark.parametrize(("cout", "stride"), [(64, 1), (128, 2)])
+def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, cout: int, stride: int) -> None:
     from lazygrad_codegen.reductions import SPLIT_K_MAX
 
     renderer = cuda_graphs
-    x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(64, 64, 3, 3, dtype=dtype).requires_grad_()
-    out = x.conv2d(w, padding=1)
-    dx, dw = out.gradient(x, w, gradient=_t(64, 64, 56, 56, dtype=dtype))
+    # ResNet-18's first 3x3 layer of its first stage (64 -> 64), and of its second (64 -> 128, stride 2), batch 64
+    x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(cout, 64, 3, 3, dtype=dtype).requires_grad_()
+    out = x.conv2d(w, padding=1, stride=stride)
+    dx, dw = out.gradient(x, w, gradient=_t(*out.shape, dtype=dtype))
     # the input gradient: one staged kernel, as many workgroups as the forward's
     (dx_item,) = dx.schedule()
     dx_spec = get_program(dx_item.ast, renderer)
@@ -140,6 +142,6 @@ def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType) -> None:
     assert math.prod(spec.global_size) >= renderer.compute_units == 132
     assert math.prod(spec.local_size) >= 64, "several warps (or 64 FMA threads) per workgroup"
     assert not _spills(spec)
-    assert sum_item.bufs[0].size == 64 * 64 * 9 and sum_item.bufs[1].size <= SPLIT_K_MAX * 64 * 64 * 9
+    assert sum_item.bufs[0].size == cout * 64 * 9 and sum_item.bufs[1].size <= SPLIT_K_MAX * cout * 64 * 9
     if dtype == dtypes.float16:
         assert "mma.sync" in spec.src and "mma.sync" in dx_spec.src

@@ -83,6 +83,8 @@ def _conv_input_gradient(
     1) of g, spread out by the stride and padded, with the transposed kernel, so one reduction over output channels
     and kernel positions. Rows of the padded input past the last window get zeros (a pad), those of the padding none
     (a negative pad)."""
+    if any(ss == 2 for ss in s) and all(ss == 1 or (ss == 2 and dd == 1) for ss, dd in zip(s, d)):
+        return _conv_input_gradient_by_phase(g, weight, size, groups, s, d, pads)
     k, out = weight.shape[2:], g.shape[2:]
     edges = []
     for n, kk, ss, dd, o, (before, _) in zip(size, k, s, d, out, pads):
@@ -90,6 +92,45 @@ def _conv_input_gradient(
         edges.append((left, n + dd * (kk - 1) - left - ((o - 1) * ss + 1)))
     x = g._spread(s).pad(((0, 0), (0, 0), *edges))
     return x.conv2d(_transposed_kernel(weight, groups), groups=groups, dilation=d)
+
+
+def _conv_input_gradient_by_phase(
+    g: Tensor, weight: Tensor, size: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """`_conv_input_gradient` for strides of 2 (dilation 1 along them; any along dims of stride 1) without the zeros
+    of the spread gradient, which would be 3/4 of a 2-d reduction's products: the input's positions 2i + p of phase
+    p (0, 1) get the taps k with k = p + padding (mod 2), ceil(K/2) of them (the other phase's last one a zero tap of
+    the padded kernel), from g at i + c_p - j for the j-th of them, where c_p = (p + padding) // 2 steps by 0 or 1
+    from phase to phase. Both phases are outputs of one reduction, over output channels x ceil(K/2) taps per dim:
+    g is read through windows of windows (taps, then phases), the kernel through a reshape that puts its taps in
+    (tap pair, phase) order."""
+    nd, k, out = len(s), weight.shape[2:], g.shape[2:]
+    cout, cin_g = weight.shape[:2]
+    taps = [-(-kk // ss) for kk, ss in zip(k, s)]
+    rows = [-(-n // ss) for n, ss in zip(size, s)]  # positions of each phase
+    steps = [1 if ss == 2 and before % 2 else 0 for ss, (before, _) in zip(s, pads)]  # c_1 - c_0
+    edges = []
+    for j, dd, r, a, o, ss, (before, _) in zip(taps, d, rows, steps, out, s, pads):
+        left = (j - 1) * dd - before // ss
+        edges.append((left, r + a + (j - 1) * dd - left - o))
+    # (N, C_out, *taps, *rows, *phases): g at i + c_p - j, the j-th tap counted from the last
+    a = g.pad(((0, 0), (0, 0), *edges))._pool(tuple(taps), (1,) * nd, d)
+    a = a.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))._pool(
+        tuple(x + 1 for x in steps), (1,) * nd, (1,) * nd
+    )
+    a = a.expand(*a.shape[: 2 + 2 * nd], *s)
+    # (C_out, C_in/groups, *taps, *phases): the kernel's taps k = 2j + k0 as (j, k0), j from the last, k0 = p + padding
+    w = weight.pad(((0, 0), (0, 0), *((0, j * ss - kk) for j, ss, kk in zip(taps, s, k))))
+    w = w.reshape(cout, cin_g, *(v for j, ss in zip(taps, s) for v in (j, ss)))
+    w = w.flip(*(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i, x in enumerate(steps) if x))
+    w = w.permute(0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd)))
+    a = a.reshape(a.shape[0], groups, cout // groups, 1, *a.shape[2:])
+    w = w.reshape(1, groups, cout // groups, cin_g, *taps, *(1,) * nd, *s)
+    dx = (a * w).sum((2, *range(4, 4 + nd))).reshape(a.shape[0], groups * cin_g, *rows, *s)
+    # interleave the phases: position 2i + p
+    dx = dx.permute(0, 1, *(v for i in range(nd) for v in (2 + i, 2 + nd + i)))
+    dx = dx.reshape(*dx.shape[:2], *(r * ss for r, ss in zip(rows, s)))
+    return dx.shrink(((0, dx.shape[0]), (0, dx.shape[1]), *((0, n) for n in size)))
 
 
 def _conv_weight_gradient(
