@@ -15,7 +15,7 @@ from hypothesis import strategies as st_
 import lazygrad_codegen.lowerer as lowerer_module
 from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
 from lazygrad_codegen.index_width import INT32_MAX, index_dtype, view_reach
-from lazygrad_codegen.kernel_ast import const, load, reduce, sink, st, store, strided
+from lazygrad_codegen.kernel_ast import const, load, matmul, reduce, sink, st, store, strided
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -45,6 +45,8 @@ def test_view_reach_bounds_every_index(args) -> None:
     shape, strides, offset = args
     v = View.create(shape, tuple(strides), offset)
     assert view_reach(v) >= _exact_reach(v)
+    # the last view of a tracker takes the kernel's indices: its reach without its element count still bounds them
+    assert view_reach(v, unravels=False) >= max(_exact_reach(v), *shape)
     # and the width chosen from it holds every index
     wide = index_dtype([strided(shape, tuple(strides), offset)], shape) == dtypes.int64
     assert wide or _exact_reach(v) <= INT32_MAX
@@ -78,9 +80,23 @@ def test_a_loop_past_int32_is_int64_in_every_renderer() -> None:
     assert f"for ({c.render_dtype(dtypes.int64)} ridx" in get_program(ast, c, []).src
 
 
+def test_big_loop_nests_over_small_buffers_keep_int32() -> None:
+    # a 4096^3 matmul: 2^36 iterations, but each loop kind (4096^2 outputs, 4096 reduced) and every buffer within int32
+    ast = matmul(4096, 4096, 4096, dtypes.float16)
+    assert _range_dtypes(ast, LLVMRenderer()) == {dtypes.int32}
+    for u in get_program(ast, LLVMRenderer(), []).uops:
+        assert u.dtype != dtypes.int64 or u.op not in (Ops.RANGE, Ops.INDEX, Ops.ADD, Ops.MUL)
+    # outputs past int32 together (each axis within it): int64
+    assert index_dtype([st(2**16, 2**16)], (2**16, 2**16)) == dtypes.int64
+    assert index_dtype([st(1, 1).expand((2**16, 2**14))], (2**16, 2**14)) == dtypes.int32
+    # reduce loops past int32 together: int64
+    assert index_dtype([st(1, 1).expand((2**16, 2**16))], (2**16, 2**16), (0, 1)) == dtypes.int64
+    assert index_dtype([st(1, 1).expand((2**16, 2**16))], (2**16, 2**16), (1,)) == dtypes.int32
+
+
 @pytest.fixture
 def force_int64(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lowerer_module, "index_dtype", lambda views, full_shape: dtypes.int64)
+    monkeypatch.setattr(lowerer_module, "index_dtype", lambda *args: dtypes.int64)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -5,6 +5,7 @@ register spills for them. No GPU needed: nothing runs."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -91,3 +92,59 @@ def test_asynchronous_copies_start_at_ampere() -> None:
 def test_ldmatrix_starts_at_turing() -> None:
     assert CUDARenderer("sm_75").has_ldmatrix and CUDARenderer("sm_90").has_ldmatrix
     assert not CUDARenderer("sm_70").has_ldmatrix
+
+
+@pytest.fixture
+def cuda_graphs():
+    """Tensor graphs built for CUDA (sm_80, 132 multiprocessors as on an H100) without a GPU: the PYTHON device
+    renders for CUDA while a test builds and schedules them (nothing runs)."""
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    dev.use_renderer(renderer)
+    yield renderer
+    dev.use_renderer(before)
+
+
+def _spills(spec) -> list[str]:
+    """The archs of sm_80 and sm_90 for which ptxas reports register spills in `spec`."""
+    bad = []
+    for arch in ("sm_80", "sm_90"):
+        log = nvrtc_compile(spec.src, arch, spec.name, options=("--ptxas-options=-v",)).log
+        found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert found is not None, f"no ptxas report in NVRTC's log:\n{log}"
+        if found.groups() != ("0", "0"):
+            bad.append(arch)
+    return bad
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32])
+@pytest.mark.parametrize(("cout", "stride"), [(64, 1), (128, 2)])
+def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, cout: int, stride: int) -> None:
+    from lazygrad_codegen.reductions import SPLIT_K_MAX
+
+    renderer = cuda_graphs
+    # ResNet-18's first 3x3 layer of its first stage (64 -> 64), and of its second (64 -> 128, stride 2), batch 64
+    x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(cout, 64, 3, 3, dtype=dtype).requires_grad_()
+    out = x.conv2d(w, padding=1, stride=stride)
+    dx, dw = out.gradient(x, w, gradient=_t(*out.shape, dtype=dtype))
+    # the input gradient: one staged kernel, as many workgroups as the forward's
+    (dx_item,) = dx.schedule()
+    dx_spec = get_program(dx_item.ast, renderer)
+    assert Opt(OptOps.STAGE) in dx_spec.opts and not _spills(dx_spec)
+    # the weight gradient: a staged kernel of parts with a workgroup or more per multiprocessor (unsplit, its 64 x 576
+    # outputs made 9), then their sum, which reads at most SPLIT_K_MAX values per weight
+    parts_item, sum_item = dw.schedule()
+    spec = get_program(parts_item.ast, renderer)
+    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
+    assert math.prod(spec.global_size) >= renderer.compute_units == 132
+    # 4 warps on tensor cores (two along the 64 or 128 output channels), 64 threads or more on FMA units
+    assert math.prod(spec.local_size) >= (128 if dtype == dtypes.float16 else 64), spec.local_size
+    # (at stride 2 the fp16 kernel reads its input with stride 2 and ptxas for sm_80 spills 20 bytes of it, as it did
+    # 104 unsplit before 32-bit indices; sm_90's, the Hopper machines', spills nothing)
+    assert _spills(spec) in ([], ["sm_80"] if stride == 2 and dtype == dtypes.float16 else [])
+    assert sum_item.bufs[0].size == cout * 64 * 9 and sum_item.bufs[1].size <= SPLIT_K_MAX * cout * 64 * 9
+    if dtype == dtypes.float16:
+        assert "mma.sync" in spec.src and "mma.sync" in dx_spec.src

@@ -3,9 +3,11 @@ an offset, a mask bound or a loop bound can pass 2^31 - 1.
 
 A kernel's index expressions are sums of `index * stride` terms plus an offset, one per view, and the flat positions
 that reshapes divide and take remainders of; none can exceed, in magnitude, `|offset| + sum(|stride| * (size - 1))`
-of its view or the number of elements of any view's shape. When one of those (with symbolic sizes and strides at
-their bounds) passes int32, the lowerer builds the kernel's loops, lane constants and views in int64
-(`index_dtype`); otherwise in int32, so kernels of ordinary sizes are unchanged and pay nothing.
+of its view or the number of elements of a view that is unravelled (any but the last of a shape tracker), and the
+loops count up to the element count of the output axes or of the reduce axes. When one of those (with symbolic
+sizes and strides at their bounds) passes int32, the lowerer builds the kernel's loops, lane constants and views in
+int64 (`index_dtype`); otherwise in int32, so kernels of ordinary sizes are unchanged and pay nothing (a 4096^3
+matmul or a convolution at batch 64, whose loop nests pass 2^31 but whose buffers do not, included).
 
 In an int64 kernel a few indices remain int32: the hardware indices (SPECIAL, whose launch sizes are int32 on every
 device), symbolic variables, and positions computed from loaded data (one-hot selections). `promote_rules` widens
@@ -16,6 +18,7 @@ sees mixed operands.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -33,19 +36,26 @@ def _magnitude(x: sint) -> int:
     return max(abs(int(x.vmin)), abs(int(x.vmax)))
 
 
-def view_reach(v: View) -> int:
-    """An upper bound of |every integer| the index arithmetic of view `v` computes (see the module docstring)."""
+def view_reach(v: View, unravels: bool = True) -> int:
+    """An upper bound of |every integer| the index arithmetic of view `v` computes (see the module docstring).
+    `unravels=False` for the last view of a shape tracker, which takes the kernel's indices themselves: no flat
+    position of its shape is divided into coordinates, so its element count (a broadcast over a big loop nest) is no
+    bound of anything computed."""
     sizes = [_magnitude(s) for s in v.shape]
     terms = sum(_magnitude(st) * max(s - 1, 0) for s, st in zip(sizes, v.strides, strict=True))
-    return max(_magnitude(v.offset) + terms, math.prod(sizes))
+    return max(_magnitude(v.offset) + terms, math.prod(sizes) if unravels else max(sizes, default=0))
 
 
-def index_dtype(views: list[ShapeTracker], full_shape: tuple[sint, ...]) -> DType:
-    """int64 when the index arithmetic of `views` (a kernel's shape trackers) or its loop nest `full_shape` can pass
-    int32, else int32."""
-    if math.prod(_magnitude(s) for s in full_shape) > INT32_MAX:
+def index_dtype(views: list[ShapeTracker], full_shape: tuple[sint, ...], reduce_axes: Collection[int] = ()) -> DType:
+    """int64 when the index arithmetic of `views` (a kernel's shape trackers) or its loops can pass int32, else
+    int32. The loops' own bound is the element count of the output axes and that of the reduce axes (`reduce_axes`),
+    each: the lowerer flattens indices within one kind (a launch folded into fewer dimensions) but never across, so a
+    matmul or convolution whose whole loop nest passes 2^31 still indexes in int32 when its buffers allow."""
+    outputs = math.prod(_magnitude(s) for a, s in enumerate(full_shape) if a not in reduce_axes)
+    reduced = math.prod(_magnitude(s) for a, s in enumerate(full_shape) if a in reduce_axes)
+    if max(outputs, reduced) > INT32_MAX:
         return dtypes.int64
-    if any(view_reach(v) > INT32_MAX for st in views for v in st.views):
+    if any(view_reach(v, i < len(st.views) - 1) > INT32_MAX for st in views for i, v in enumerate(st.views)):
         return dtypes.int64
     return dtypes.int32
 

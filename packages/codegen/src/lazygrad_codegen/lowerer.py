@@ -176,7 +176,7 @@ class _Lowerer:
         k, r = self.k, self.k.renderer
         # int64 only where the kernel's index arithmetic can pass int32 (`index_width`)
         views = list(k.views.values()) + ([k.views[k.reduce_mask]] if k.reduce_mask in k.views else [])
-        self.idx_dt = dt = index_dtype(views, tuple(k.full_shape))
+        self.idx_dt = dt = index_dtype(views, tuple(k.full_shape), k.axes(*REDUCE_TYPES))
         globals_ = k.axes(AxisType.GLOBAL)
         if r.has_local:
             # within the renderer's launch limits: folded into fewer dimensions where the plain layout is over them

@@ -148,3 +148,30 @@ def group_rows(k: Kernel, few: int) -> bool:
         return False
     k.apply_opts(opts)
     return True
+
+
+# *** split-K for matmul-like reductions to few outputs (a convolution's weight gradient) ***
+
+GEMM_TILE = 128
+"""The side of the default workgroup tile of a matmul-like kernel on a GPU (`lazygrad_codegen.tiling`)."""
+SPLIT_K_MIN = 1024
+"""Each part of a split matmul-like reduction sums at least this many products per output: enough steps of the
+staged tile's pipeline to pay for the workgroup's start and for storing its partial tile."""
+SPLIT_K_MAX = 64
+"""At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
+
+
+def split_k_parts(renderer: Renderer, m: int, n: int, axis: int, length: int, groups: int = 1) -> int:
+    """Into how many parts (a divisor of `axis`, the size of the reduced axis to cut) to cut a matmul-like reduction
+    of `length` products to each of the `groups * m * n` outputs, so that a GPU with local memory gets at least one
+    workgroup of `GEMM_TILE`-square tiles per compute unit; 1 to leave it whole (CPUs, enough tiles already, a
+    reduction too short to share). The parts are summed by a second kernel."""
+    units = renderer.compute_units
+    if not (renderer.has_local and renderer.has_shared) or units < 2 or axis < 2:
+        return 1
+    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    if tiles >= units:
+        return 1
+    want = -(-units // tiles)
+    fits = [p for p in range(2, min(axis, SPLIT_K_MAX) + 1) if axis % p == 0 and length // p >= SPLIT_K_MIN]
+    return next((p for p in fits if p >= want), fits[-1] if fits else 1)

@@ -102,6 +102,19 @@ def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
                 continue
 
 
+WARPS_AT_LEAST = 2
+"""A register tile leaves at least this many warps (threads on FMA units) along its axis where the axis allows: a
+short M (a weight gradient's 64 output channels) is better two warps of 32 rows than one of 64."""
+
+
+def _leaving_warps(k: Kernel, which: str, amounts: tuple[int, ...]) -> tuple[int, ...]:
+    """The register-tile `amounts` for M or N that leave `WARPS_AT_LEAST` warps along it (all of them when none
+    does: the axis is too short for warps anyway)."""
+    extent = _extent(k, which)
+    leaving = tuple(a for a in amounts if a * WARPS_AT_LEAST <= extent)
+    return leaving or amounts
+
+
 def staged_matmul(k: Kernel) -> bool:
     """Apply the default tiles of the module docstring to `k` when it is matmul-like and its renderer has local and
     shared memory; returns whether it did (`k` is left unchanged otherwise)."""
@@ -126,6 +139,8 @@ def staged_matmul(k: Kernel) -> bool:
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return False
     for which, amounts in tiles:
+        if which in ("M", "N"):
+            amounts = _leaving_warps(trial, which, amounts)
         _apply_first(trial, which, amounts)
     try:
         trial.apply_opt(Opt(OptOps.STAGE))

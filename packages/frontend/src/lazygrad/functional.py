@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lazygrad.errors import InputError, KindError
+from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
+from lazygrad_codegen.reductions import split_k_parts
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+from lazygrad_uop.shape import shape_of
+from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -61,6 +65,113 @@ def _reduce_loss(loss: Tensor, reduction: str, weight_sum: Tensor | None = None)
     if reduction == "mean":
         return loss.sum() / weight_sum if weight_sum is not None else loss.mean()
     raise InputError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _transposed_kernel(weight: Tensor, groups: int) -> Tensor:
+    """(C_a, C_b/groups, *kernel) -> (C_b, C_a/groups, *kernel), each group's channels swapped and the kernel
+    flipped: the weight of the convolution that is the transpose (the input gradient) of one with `weight`."""
+    nd = weight.ndim - 2
+    ca, cb_g, k = weight.shape[0], weight.shape[1], weight.shape[2:]
+    w = weight.reshape(groups, ca // groups, cb_g, *k).transpose(1, 2).flip(*range(3, 3 + nd))
+    return w.reshape(groups * cb_g, ca // groups, *k)
+
+
+def _conv_input_gradient(
+    g: Tensor, weight: Tensor, size: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """The gradient of conv2d's input (spatial `size`) from its output's, `g`: one convolution (dilation d, stride
+    1) of g, spread out by the stride and padded, with the transposed kernel, so one reduction over output channels
+    and kernel positions. Rows of the padded input past the last window get zeros (a pad), those of the padding none
+    (a negative pad)."""
+    if any(ss == 2 for ss in s) and all(ss == 1 or (ss == 2 and dd == 1) for ss, dd in zip(s, d)):
+        return _conv_input_gradient_by_phase(g, weight, size, groups, s, d, pads)
+    k, out = weight.shape[2:], g.shape[2:]
+    edges = []
+    for n, kk, ss, dd, o, (before, _) in zip(size, k, s, d, out, pads):
+        left = dd * (kk - 1) - before
+        edges.append((left, n + dd * (kk - 1) - left - ((o - 1) * ss + 1)))
+    x = g._spread(s).pad(((0, 0), (0, 0), *edges))
+    return x.conv2d(_transposed_kernel(weight, groups), groups=groups, dilation=d)
+
+
+def _conv_input_gradient_by_phase(
+    g: Tensor, weight: Tensor, size: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """`_conv_input_gradient` for strides of 2 (dilation 1 along them; any along dims of stride 1) without the zeros
+    of the spread gradient, which would be 3/4 of a 2-d reduction's products: the input's positions 2i + p of phase
+    p (0, 1) get the taps k with k = p + padding (mod 2), ceil(K/2) of them (the other phase's last one a zero tap of
+    the padded kernel), from g at i + c_p - j for the j-th of them, where c_p = (p + padding) // 2 steps by 0 or 1
+    from phase to phase. Both phases are outputs of one reduction, over output channels x ceil(K/2) taps per dim:
+    g is read through windows of windows (taps, then phases), the kernel through a reshape that puts its taps in
+    (tap pair, phase) order."""
+    nd, k, out = len(s), weight.shape[2:], g.shape[2:]
+    cout, cin_g = weight.shape[:2]
+    taps = [-(-kk // ss) for kk, ss in zip(k, s)]
+    rows = [-(-n // ss) for n, ss in zip(size, s)]  # positions of each phase
+    steps = [1 if ss == 2 and before % 2 else 0 for ss, (before, _) in zip(s, pads)]  # c_1 - c_0
+    edges = []
+    for j, dd, r, a, o, ss, (before, _) in zip(taps, d, rows, steps, out, s, pads):
+        left = (j - 1) * dd - before // ss
+        edges.append((left, r + a + (j - 1) * dd - left - o))
+    # (N, C_out, *taps, *rows, *phases): g at i + c_p - j, the j-th tap counted from the last
+    a = g.pad(((0, 0), (0, 0), *edges))._pool(tuple(taps), (1,) * nd, d)
+    a = a.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))._pool(
+        tuple(x + 1 for x in steps), (1,) * nd, (1,) * nd
+    )
+    a = a.expand(*a.shape[: 2 + 2 * nd], *s)
+    # (C_out, C_in/groups, *taps, *phases): the kernel's taps k = 2j + k0 as (j, k0), j from the last, k0 = p + padding
+    w = weight.pad(((0, 0), (0, 0), *((0, j * ss - kk) for j, ss, kk in zip(taps, s, k))))
+    w = w.reshape(cout, cin_g, *(v for j, ss in zip(taps, s) for v in (j, ss)))
+    w = w.flip(*(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i, x in enumerate(steps) if x))
+    w = w.permute(0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd)))
+    a = a.reshape(a.shape[0], groups, cout // groups, 1, *a.shape[2:])
+    w = w.reshape(1, groups, cout // groups, cin_g, *taps, *(1,) * nd, *s)
+    dx = (a * w).sum((2, *range(4, 4 + nd))).reshape(a.shape[0], groups * cin_g, *rows, *s)
+    # interleave the phases: position 2i + p
+    dx = dx.permute(0, 1, *(v for i in range(nd) for v in (2 + i, 2 + nd + i)))
+    dx = dx.reshape(*dx.shape[:2], *(r * ss for r, ss in zip(rows, s)))
+    return dx.shrink(((0, dx.shape[0]), (0, dx.shape[1]), *((0, n) for n in size)))
+
+
+def _conv_weight_gradient(
+    g: Tensor, x: Tensor, wshape: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> Tensor:
+    """The gradient of conv2d's weight (of shape `wshape`) from its output's, `g`: a sum over the batch and the
+    output pixels of g times the input's windows. On a GPU that would get fewer tiles than it has compute units, the
+    output rows are cut into parts summed by separate workgroups (split-K, `split_k_parts`), then the parts are
+    summed. Rows, not the batch: the batch is the reduction axis tensor cores take (a few rows may not fill one)."""
+    from lazygrad.split_reduce import renderer_of
+
+    nd, bs = len(s), g.shape[0]
+    cout_g, cin_g, k = wshape[0] // groups, wshape[1], wshape[2:]
+    xp = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
+    out = xp.shape[2 : 2 + nd]
+    renderer = renderer_of(g.device)
+    length = bs * math.prod(out)
+    parts = 1 if renderer is None else split_k_parts(renderer, cout_g, cin_g * math.prod(k), out[0], length, groups)
+    # (parts, N, groups, C_out/groups, C_in/groups, rows of a part, *out[1:], *k), the product summed over N and pixels
+    xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
+    gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
+    order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
+    acc = dtypes.float32 if g.dtype in (dtypes.float16, dtypes.bfloat16) else g.dtype
+    partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
+    return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
+
+
+def _conv_gradients(x: UOp, weight: UOp, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads) -> GradientRule:
+    """conv2d's backward (see `set_gradient_rule`): the input's and the weight's gradients, each what is needed."""
+
+    def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
+        from lazygrad.tensor import Tensor
+
+        g, grads = Tensor(ctx), {}
+        if needed(x):
+            grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], groups, s, d, pads).uop
+        if needed(weight):
+            grads[weight] = _conv_weight_gradient(g, Tensor(x), shape_of(weight), groups, s, d, pads).uop
+        return grads
+
+    return rule
 
 
 class FunctionalMixin:
@@ -148,6 +259,11 @@ class FunctionalMixin:
         if acc is None and not dtypes.is_float(prod.dtype):
             acc = prod.dtype
         ret = prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
+        if not type(self).no_grad and dtypes.is_float(ret.dtype) and self.dtype == weight.dtype == ret.dtype:
+            # autograd through the window view would store the product of the gradient and the weight at every window
+            # position (9x the input for a 3x3 kernel) and sum it in a second kernel; written out, each gradient is one
+            # reduction
+            set_gradient_rule(ret.uop, _conv_gradients(self.uop, weight.uop, groups, s, d, pads))
         return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
 
     @concrete_sizes("conv1d")
@@ -199,7 +315,7 @@ class FunctionalMixin:
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != nd + 2:
             raise InputError(f"conv_transpose of input {self.shape} with weight {weight.shape}: spatial dims differ")
-        cin, cout_g = weight.shape[:2]
+        cin = weight.shape[0]
         k = weight.shape[2:]
         if cin != self.shape[1] or cin % groups:
             raise InputError(
@@ -207,21 +323,23 @@ class FunctionalMixin:
             )
         s, d = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
         p, op = _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding")
-        w = weight.reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
-        w = w.flip(*range(3, 3 + nd)).reshape(groups * cout_g, cin // groups, *k)
+        edge = [dd * (kk - 1) - pp for dd, kk, pp in zip(d, k, p)]
+        x = self._spread(s).pad(((0, 0), (0, 0), *((e, e + o) for e, o in zip(edge, op))))
+        return x.conv2d(_transposed_kernel(weight, groups), bias, groups=groups, dilation=d)
+
+    def _spread(self: Tensor, stride: tuple[int, ...]) -> Tensor:
+        """The spatial (last len(stride)) dims spread out by `stride`: each element followed by stride - 1 zeros,
+        the last one's dropped (a view: the zeros are a pad)."""
         x = self
-        for i, si in enumerate(s):
+        for i, si in enumerate(stride):
             if si == 1:
                 continue
-            # spread the elements out: each followed by stride - 1 zeros, the last one's dropped
-            ax = 2 + i
+            ax = x.ndim - len(stride) + i
             n = x.shape[ax]
             x = x.unsqueeze(ax + 1).pad(tuple((0, si - 1) if j == ax + 1 else (0, 0) for j in range(x.ndim + 1)))
             x = x.reshape(*x.shape[:ax], n * si, *x.shape[ax + 2 :])
             x = x.shrink(tuple((0, n * si - (si - 1)) if j == ax else None for j in range(x.ndim)))
-        edge = [dd * (kk - 1) - pp for dd, kk, pp in zip(d, k, p)]
-        x = x.pad(((0, 0), (0, 0), *((e, e + o) for e, o in zip(edge, op))))
-        return x.conv2d(w, bias, groups=groups, dilation=d)
+        return x
 
     # *** pooling ***
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from lazygrad_uop.device import Buffer
@@ -159,6 +159,22 @@ pm_gradient = PatternMatcher(
 )
 
 
+# *** functions that say their own backward ***
+
+GradientRule = Callable[[UOp, Callable[[UOp], bool]], dict[UOp, UOp]]
+"""Given the gradient of a node and a test of which nodes need one, the gradients of nodes below it."""
+
+_gradient_rules: weakref.WeakKeyDictionary[UOp, GradientRule] = weakref.WeakKeyDictionary()
+
+
+def set_gradient_rule(out: UOp, rule: GradientRule) -> None:
+    """Differentiate `out` by `rule` rather than through the graph it is built from: a function (a convolution)
+    whose backward, written out, is cheaper than what the op-by-op rules give. `rule(ctx, needed)` returns the
+    gradients of the function's inputs (nodes anywhere below `out`) for those `needed(node)` is true of; they must be
+    the whole derivative of `out`, since nothing flows into the nodes between. Held as long as `out` lives."""
+    _gradient_rules[out] = rule
+
+
 def _origin_key(u: UOp, origins: Mapping[UOp, UOp | None]) -> UOp | None:
     """The key of `u` in `origins` when it is a realized tensor: its VIEW, or for one kernelized and not yet run,
     ASSIGN(VIEW, KERNEL), that VIEW."""
@@ -232,7 +248,9 @@ def compute_gradient(
     origins = origins if origins is not None else {}
     grads: dict[UOp, UOp] = {root: root_grad}
     inverse: dict[UOp, UOp] = {}
-    for node in reversed(_on_path(root, targets, origins)):
+    path = _on_path(root, targets, origins)
+    on_path = set(path)
+    for node in reversed(path):
         if (g := grads.get(node)) is None:
             continue
         if (key := _origin_key(node, origins)) is not None:
@@ -249,6 +267,10 @@ def compute_gradient(
             inverse[v] = node
             continue
         if node.op in (Ops.BUFFER, Ops.VIEW, Ops.CONST):
+            continue
+        if (rule := _gradient_rules.get(node)) is not None:
+            for s, sg in rule(g, on_path.__contains__).items():
+                grads[s] = grads[s] + sg if s in grads else sg
             continue
         src_grads = pm_gradient.rewrite(node, ctx=g)
         if src_grads is None:
