@@ -20,6 +20,7 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -335,11 +336,13 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
     realized |= {a.src[1] for a in _assigns_reading_target_elsewhere(assigns, order)}
     constant: set[UOp] = set()
     for u in order:  # sources first
-        if u.op is Ops.CONST or (
-            u.op in GroupOp.Elementwise | MOVEMENT | PASSTHROUGH and all(s in constant for s in u.src)
-        ):
+        if u.op is Ops.CONST or (u.op in _CONSTANT_FOLDING and all(s in constant for s in u.src)):
             constant.add(u)
     return _Fusion(realized, constant, order).run()
+
+
+# ops whose result is a constant when all of their sources are
+_CONSTANT_FOLDING = GroupOp.Elementwise | MOVEMENT | PASSTHROUGH
 
 
 class _Fusion:
@@ -574,23 +577,26 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
     out_roots = {output_root(o) for o in outputs}
     pos = {u: i for i, u in enumerate(UOp(Ops.SINK, src=tuple(outputs)).toposort)}
     direct = {r: {x for x in (groups[r].leaves if r in groups else {r.src[1]}) if x in realized} for r in realized}
-    needs = _transitive(direct)
-    # merge outputs that neither needs into multi-store kernels
+    by_pos = sorted(realized, key=pos.__getitem__)
+    needs = _transitive_bits(by_pos, direct)
+    bit = {r: 1 << i for i, r in enumerate(by_pos)}
+    # merge outputs that neither needs into multi-store kernels. Only outputs computed by a group, not ASSIGNs, and
+    # of one shape and reduction can share a kernel (`_same_kernel`), so each looks only among the kernels started by
+    # such outputs of its own shape and reduction, in the order they were started
     kernels: list[list[UOp]] = []
-    for r in sorted(realized, key=pos.__getitem__):
-        for k in kernels if r in out_roots and r in groups else []:
-            if all(
-                x in out_roots
-                and x in groups
-                and _same_kernel(groups[x], groups[r])
-                and x not in needs[r]
-                and r not in needs[x]
-                for x in k
-            ):
+    mergeable: dict[tuple, list[list[UOp]]] = {}
+    for r in by_pos:
+        if r not in out_roots or r not in groups or r.op is Ops.ASSIGN:
+            kernels.append([r])
+            continue
+        candidates = mergeable.setdefault((shape_of(_root_value(r)), groups[r].reduce_sig), [])
+        for k in candidates:
+            if all(_same_kernel(groups[x], groups[r]) and not needs[r] & bit[x] and not needs[x] & bit[r] for x in k):
                 k.append(r)
                 break
         else:
             kernels.append([r])
+            candidates.append(kernels[-1])
     becomes: dict[UOp, UOp] = {}
     for roots in _kernel_order(kernels, direct, pos):
         if _byte_copy(roots[0]):
@@ -653,32 +659,43 @@ def unbind_ast(ast: UOp) -> tuple[UOp, tuple[UOp, ...]]:
     return ast, tuple(sorted(binds, key=lambda b: b.src[0].expr))
 
 
-def _transitive(direct: dict[UOp, set[UOp]]) -> dict[UOp, set[UOp]]:
-    """For each root, every root it needs, directly or through others."""
-    out: dict[UOp, set[UOp]] = {}
-    for r in direct:
-        seen, stack = set(), list(direct[r])
-        while stack:
-            x = stack.pop()
-            if x not in seen:
-                seen.add(x)
-                stack.extend(direct.get(x, ()))
-        out[r] = seen
+def _transitive_bits(by_pos: list[UOp], direct: dict[UOp, set[UOp]]) -> dict[UOp, int]:
+    """For each root, every root it needs, directly or through others, as a bit set (bit i: `by_pos[i]`). `by_pos`
+    is sources first, so what a root needs directly is done before it: one pass, each root's set the union of its
+    direct needs' sets."""
+    index = {r: i for i, r in enumerate(by_pos)}
+    out: dict[UOp, int] = {}
+    for r in by_pos:
+        bits = 0
+        for d in direct[r]:
+            bits |= out[d] | 1 << index[d]
+        out[r] = bits
     return out
 
 
 def _kernel_order(kernels: list[list[UOp]], direct: dict[UOp, set[UOp]], pos: dict[UOp, int]) -> list[list[UOp]]:
-    """Kernels ordered so that each is built after the kernels whose outputs it reads."""
+    """Kernels ordered so that each is built after the kernels whose outputs it reads: of those whose inputs are
+    built, the one whose last root comes first in the graph."""
     home = {r: i for i, k in enumerate(kernels) for r in k}
-    deps = [{home[d] for r in k for d in direct[r]} - {i} for i, k in enumerate(kernels)]
+    waiting = [0] * len(kernels)  # kernels each still waits for
+    users: list[list[int]] = [[] for _ in kernels]
+    for i, k in enumerate(kernels):
+        deps = {home[d] for r in k for d in direct[r]} - {i}
+        waiting[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    last = [max(pos[r] for r in k) for k in kernels]  # distinct: each root is in one kernel
+    ready = [(last[i], i) for i in range(len(kernels)) if not waiting[i]]
+    heapq.heapify(ready)
     order: list[list[UOp]] = []
-    done: set[int] = set()
-    while len(done) < len(kernels):
-        ready = [i for i in range(len(kernels)) if i not in done and deps[i] <= done]
-        assert ready, "kernels that need each other: merging made a cycle"
-        i = min(ready, key=lambda j: max(pos[r] for r in kernels[j]))
+    while ready:
+        _, i = heapq.heappop(ready)
         order.append(kernels[i])
-        done.add(i)
+        for j in users[i]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(ready, (last[j], j))
+    assert len(order) == len(kernels), "kernels that need each other: merging made a cycle"
     return order
 
 
