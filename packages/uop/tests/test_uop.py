@@ -225,6 +225,18 @@ def test_toposort_is_the_same_with_walks_cached_below(nodes: list[UOp], data: st
     assert list(reversed(nodes[-1].toposort)) == dfs_postorder(nodes[-1])[::-1]
 
 
+def test_toposort_built_says_which_walks_are_cached() -> None:
+    x = UOp.variable("toposort_built_x", 0, 10)  # a name no other test uses: none of these nodes exists yet
+    mid = x * 3
+    top = (mid + 1) * mid
+    assert not top.toposort_built and not mid.toposort_built
+    assert list(top.toposort)[-1] is top
+    # the walk is cached on the node asked, not on the nodes under it (it reuses theirs when they have one)
+    assert top.toposort_built and not mid.toposort_built
+    _ = mid.toposort
+    assert mid.toposort_built
+
+
 @given(random_dags())
 def test_parents(nodes: list[UOp]) -> None:
     root = nodes[-1]

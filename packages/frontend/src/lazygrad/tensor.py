@@ -9,7 +9,7 @@ import itertools
 import math
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import ContextDecorator
 from typing import Any, ClassVar
 
@@ -68,20 +68,53 @@ def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
     the tensors it changed."""
     if not becomes:
         return []
-    keys = becomes.keys()
-    changed = []
-    for t in list(_all_tensors):
-        topo = t.uop.toposort
-        # membership in a toposort is a dict lookup: look up the smaller side (a realize of a few small tensors,
-        # e.g. the random generator's state, then costs little per live tensor however big its graph)
-        if any(k in topo for k in keys) if len(keys) < len(topo) else not keys.isdisjoint(topo):
-            changed.append(t)
+    changed = _holding(list(_all_tensors), becomes.keys())
     if changed:
         # one substitution over all of them: their graphs share most nodes, which are then walked once
         new = UOp(Ops.SINK, dtypes.void, tuple(t.uop for t in changed)).substitute(becomes)
         for t, u in zip(changed, new.src, strict=True):
             t.uop = u
     return changed
+
+
+def _holding(tensors: list[Tensor], keys: Collection[UOp]) -> list[Tensor]:
+    """The tensors of `tensors` whose graph holds a node of `keys`.
+
+    A graph this looked at before, unchanged since, is asked through its toposort (built once, then cached on its
+    root): a dict lookup per key, so that many realizes of a few small tensors (the random generator's state while a
+    model's parameters wait) cost little per waiting tensor. The other graphs, new since the last look (a step's
+    activations, and what a realize just rewrote), are walked together, each node once: they share most of their
+    nodes (each activation's graph is inside the next one's), where a toposort per tensor would cost about the square
+    of the graph's size."""
+    holds: dict[UOp, bool] = {}  # node -> whether a key is in its graph
+    for t in tensors:
+        root = t.uop
+        if root in holds:
+            continue
+        if root.toposort_built or root in _looked_at:
+            topo = root.toposort
+            holds[root] = any(k in topo for k in keys) if len(keys) < len(topo) else not keys.isdisjoint(topo)
+            continue
+        stack = [root]
+        while stack:
+            n = stack[-1]
+            if n in holds:
+                stack.pop()
+            elif n in keys or not n.src:
+                holds[n] = n in keys
+                stack.pop()
+            elif todo := [s for s in n.src if s not in holds]:
+                stack.extend(todo)
+            else:
+                holds[n] = any(holds[s] for s in n.src)
+                stack.pop()
+    _looked_at.clear()
+    _looked_at.update(t.uop for t in tensors if not holds[t.uop])
+    return [t for t in tensors if holds[t.uop]]
+
+
+# the graphs `_holding` looked at last and left unchanged (weakly: a graph no tensor holds any more goes)
+_looked_at: weakref.WeakSet[UOp] = weakref.WeakSet()
 
 
 def _requires_grad_uops() -> set[UOp]:

@@ -207,6 +207,12 @@ class UOp(metaclass=_UOpInterner):
         """Every node of the graph under this one, each after all of its sources (an ordered set, this node last)."""
         return Toposort(self)
 
+    @property
+    def toposort_built(self) -> bool:
+        """Whether this node's toposort is built already (it is cached on the node): asking for it then costs nothing,
+        where building it costs a walk of the graph."""
+        return "_below" in self.__dict__
+
     def parents(self) -> dict[UOp, list[UOp]]:
         """For every node under this one, the nodes that use it as a source."""
         users: dict[UOp, list[UOp]] = {u: [] for u in self.toposort}
