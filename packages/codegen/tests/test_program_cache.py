@@ -3,6 +3,7 @@ memory or from disk, never another kernel's or another renderer's; a damaged ent
 
 from __future__ import annotations
 
+import importlib.metadata
 import sqlite3
 import tempfile
 import warnings
@@ -142,6 +143,8 @@ def test_package_sources_are_part_of_the_key() -> None:
     fp = pc.package_fingerprint("lazygrad_codegen")
     assert fp.startswith("lazygrad_codegen:") and len(fp.rsplit(":", 1)[1]) == 16
     assert pc.package_fingerprint("lazygrad_codegen.program") == fp  # one per top-level package
+    # the installed distribution's version: a new release is a new key even where the sources read the same
+    assert fp.split(":")[1] == importlib.metadata.version("lazygrad-codegen")
 
 
 def test_debug_output_is_printed_on_a_warm_cache(cachedir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import importlib.metadata
 import io
 import pickle
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from lazygrad_codegen.kernel import Opt
@@ -108,14 +110,25 @@ def package_fingerprint(module_name: str) -> str:
             paths = sorted(Path(base).rglob("*.py")) if Path(base).is_dir() else [Path(base)]
             for p in paths:
                 h.update(p.name.encode() + b"\0" + p.read_bytes())
-        try:
-            version = ",".join(
-                f"{d}={importlib.metadata.version(d)}" for d in importlib.metadata.packages_distributions().get(top, ())
-            )
-        except importlib.metadata.PackageNotFoundError:
-            version = ""
-        _digests[top] = known = f"{top}:{version}:{h.hexdigest()[:16]}"
+        _digests[top] = known = f"{top}:{_version(top, module)}:{h.hexdigest()[:16]}"
         return known
+
+
+def _version(top: str, module: ModuleType | None) -> str:
+    """The version of the top-level package `top`: its `__version__` (every lazygrad package has one, equal to its
+    distribution's), else that of the distributions that install it."""
+    if module is not None and isinstance(version := getattr(module, "__version__", None), str):
+        return version
+    try:
+        return ",".join(f"{d}={importlib.metadata.version(d)}" for d in _distributions().get(top, ()))
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    # a scan of every installed distribution (tens of milliseconds): once per process
+    return importlib.metadata.packages_distributions()
 
 
 def renderer_key(renderer: Renderer) -> str:

@@ -18,10 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import llvmlite.binding as llvm
-
-from lazygrad_cpu.compiler import LLVMCompiler, host_target_machine
-from lazygrad_cpu.program import CPUProgram
+from lazygrad_cpu.compiler import LLVMCompiler
+from lazygrad_cpu.program import CPUProgram, engine_of
 from lazygrad_uop.device import CompiledDevice, GraphError, GraphRunner, KernelLaunch
 
 _GraphFunction = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -85,9 +83,7 @@ class _Batch:
         # the graph function is LLVM IR whatever renders the kernels (a renderer plugin may bring another compiler)
         lib = _GRAPH_COMPILER.compile_cached(graph_ir("graph", arities))
         # loaded like a kernel: MCJIT starts from an empty module and takes the object file
-        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
-        self._engine.add_object_file(llvm.ObjectFileRef.from_data(lib))
-        self._engine.finalize_object()
+        self._engine = engine_of(lib)
         self.fxn = _GraphFunction(self._engine.get_function_address("graph"))
         # the kernels' code lives in their programs' engines: keep them loaded while this batch can call them
         self.programs = [launch.program for _, launch in launches]

@@ -24,6 +24,19 @@ MIN_PART_SECONDS = 50e-6
 PARTS_PER_THREAD = 4
 
 
+def engine_of(lib: bytes) -> llvm.ExecutionEngine:
+    """An MCJIT execution engine holding the object file `lib`, its code ready to run."""
+    # MCJIT wants a module to start from, and finalizing would run the code generator over it (most of a
+    # millisecond, empty as it is: most of the cost of loading a kernel); the kernel comes in as an object file, so
+    # the module goes before that
+    module = llvm.parse_assembly("")
+    engine = llvm.create_mcjit_compiler(module, host_target_machine())
+    engine.remove_module(module)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(lib))
+    engine.finalize_object()
+    return engine
+
+
 class CPUProgram(Program):
     """A kernel loaded from the object code `lib`, in its own execution engine, freed with the program.
 
@@ -35,10 +48,7 @@ class CPUProgram(Program):
 
     def __init__(self, device: CompiledDevice, name: str, lib: bytes) -> None:
         super().__init__(device, name, lib)
-        # MCJIT wants a module to start from; the kernel comes in as an object file
-        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
-        self._engine.add_object_file(llvm.ObjectFileRef.from_data(lib))
-        self._engine.finalize_object()
+        self._engine = engine_of(lib)
         address = self._engine.get_function_address(name)
         if not address:
             raise RuntimeError(f"the compiled object has no function {name!r}")
