@@ -77,8 +77,9 @@ def _apply_becomes(becomes: dict[UOp, UOp]) -> list[Tensor]:
     return changed
 
 
-def _holding(tensors: list[Tensor], keys: Collection[UOp]) -> list[Tensor]:
-    """The tensors of `tensors` whose graph holds a node of `keys`.
+def _holding(tensors: list[Tensor], keys: Collection[UOp], remember: bool = True) -> list[Tensor]:
+    """The tensors of `tensors` whose graph holds a node of `keys`. `remember`: note the graphs without one as looked
+    at (a realize does, whose rewrite leaves exactly those unchanged; a look before a graph changes does not).
 
     A graph this looked at before, unchanged since, is asked through its toposort (built once, then cached on its
     root): a dict lookup per key, so that many realizes of a few small tensors (the random generator's state while a
@@ -91,7 +92,7 @@ def _holding(tensors: list[Tensor], keys: Collection[UOp]) -> list[Tensor]:
         root = t.uop
         if root in holds:
             continue
-        if root.toposort_built or root in _looked_at:
+        if root.toposort_built or (remember and root in _looked_at):
             topo = root.toposort
             holds[root] = any(k in topo for k in keys) if len(keys) < len(topo) else not keys.isdisjoint(topo)
             continue
@@ -108,8 +109,9 @@ def _holding(tensors: list[Tensor], keys: Collection[UOp]) -> list[Tensor]:
             else:
                 holds[n] = any(holds[s] for s in n.src)
                 stack.pop()
-    _looked_at.clear()
-    _looked_at.update(t.uop for t in tensors if not holds[t.uop])
+    if remember:
+        _looked_at.clear()
+        _looked_at.update(t.uop for t in tensors if not holds[t.uop])
     return [t for t in tensors if holds[t.uop]]
 
 

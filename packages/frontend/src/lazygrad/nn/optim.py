@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from lazygrad.errors import InputError
 from lazygrad.multi import device_uops
-from lazygrad.tensor import Tensor, _all_tensors
+from lazygrad.tensor import Tensor, _all_tensors, _holding
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.tensor_graph import base_buffer, is_view_of_leaf, view_base
@@ -98,13 +98,10 @@ def _unrealized_readers(buffers: set, exclude: list[Tensor]) -> list[Tensor]:
     """Live lazy tensors (a loss, an output, a gradient) that read parameter buffers a step is about to overwrite:
     they are realized in the same schedule, before the writes, so they keep the values they were built from."""
     skip = {id(t) for t in exclude}
-    readers = []
-    for t in list(_all_tensors):
-        if id(t) in skip or is_view_of_leaf(t.uop):
-            continue
-        if any(u.op is Ops.BUFFER and u in buffers for u in t.uop.toposort):
-            readers.append(t)
-    return readers
+    # one walk over all of their graphs, not a toposort per tensor: a step's gradients and activations share most
+    # of their nodes
+    candidates = [t for t in list(_all_tensors) if id(t) not in skip and not is_view_of_leaf(t.uop)]
+    return _holding(candidates, {u for u in buffers if u.op is Ops.BUFFER}, remember=False)
 
 
 class OptimizerGroup(Optimizer):
