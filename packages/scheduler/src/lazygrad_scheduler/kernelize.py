@@ -363,6 +363,10 @@ class _Fusion:
         self.owners: dict[UOp, set[UOp]] = {}  # node -> roots whose group has it as a member
         self.shared: set[UOp] = set()  # nodes with two or more owners
         self.bytes_read: dict[UOp, dict[UOp, int]] = {}  # root -> {node: _bytes_read(node, its group)}
+        # whether each shared node is worth storing, decided when first needed and again only after a group it is a
+        # member of changed (`dirty`: the members of the groups recollected since their node was last decided)
+        self.worth_storing: dict[UOp, bool] = {}
+        self.dirty: set[UOp] = set()
 
     def run(self) -> tuple[set[UOp], dict[UOp, _Group]]:
         stale = set(self.realized)
@@ -381,6 +385,7 @@ class _Fusion:
             if _byte_copy(r) or r not in self.realized:
                 continue
             if (old := self.groups.get(r)) is not None:
+                self.dirty |= old.members
                 for m in old.members:
                     self.owners[m].discard(r)
                     if len(self.owners[m]) < 2:
@@ -394,6 +399,7 @@ class _Fusion:
             self.bytes_read.pop(r, None)
             for c in consulted:
                 self.watchers.setdefault(c, set()).add(r)
+            self.dirty |= g.members
             for m in g.members:
                 owners = self.owners.setdefault(m, set())
                 owners.add(r)
@@ -404,28 +410,42 @@ class _Fusion:
         """Shared nodes worth storing: any reduction read by several kernels; elementwise values when cheaper. One per
         device: a kernel's group holds nodes of its own device only (a copy's source is stored; a read in place goes
         no further than the views over it), so storing a node changes no other device's groups, and a round per device
-        at once decides what rounds one after another would (a step on n devices needs n times fewer rounds)."""
+        at once decides what rounds one after another would (a step on n devices needs n times fewer rounds).
+
+        Whether a shared node is worth storing depends on its owners' groups alone (who they are, their leaves, the
+        stored nodes among what they consulted, which includes everything under it down to stored nodes and leaves),
+        so it is decided again only for the members of the groups recollected since it was decided."""
         realized, has_reduce = self.realized, _ReductionsBelow(self.realized)
+        worth_storing, dirty = self.worth_storing, self.dirty
         chosen: dict[str | tuple[str, ...] | None, UOp] = {}
         # from the outputs down: store the largest shared subgraph first
         for u in sorted(self.shared, key=self.pos.__getitem__, reverse=True):
             if u in realized or u.op in MOVEMENT or (device := device_of(u)) in chosen:
                 continue
-            gs = [self.groups[r] for r in self.owners[u]]
+            if u in dirty or (worth := worth_storing.get(u)) is None:
+                worth = worth_storing[u] = has_reduce(u) or self._cheaper_stored(u)
+                dirty.discard(u)
+            if not worth:
+                continue
             if has_reduce(u):
+                gs = [self.groups[r] for r in self.owners[u]]
                 chosen[device] = _shared_reduction_root(u, gs, self.owners, realized, self.pos)
                 continue
-            k = len(gs)
-            stored = max_numel(shape_of(u)) * u.dtype.itemsize
-            recompute = 0
-            for g in gs:
-                memo = self.bytes_read.setdefault(g.root, {})
-                if (n := memo.get(u)) is None:
-                    n = memo[u] = _bytes_read(u, g)
-                recompute += n
-            if stored * (k + 1) + recompute // k < recompute:
-                chosen[device] = u
+            chosen[device] = u
         return set(chosen.values())
+
+    def _cheaper_stored(self, u: UOp) -> bool:
+        """Whether storing shared elementwise node `u` once moves fewer bytes than each owner recomputing it."""
+        owners = self.owners[u]
+        k = len(owners)
+        stored = max_numel(shape_of(u)) * u.dtype.itemsize
+        recompute = 0
+        for r in owners:
+            memo = self.bytes_read.setdefault(r, {})
+            if (n := memo.get(u)) is None:
+                n = memo[u] = _bytes_read(u, self.groups[r])
+            recompute += n
+        return stored * (k + 1) + recompute // k < recompute
 
 
 class _ReductionsBelow:
