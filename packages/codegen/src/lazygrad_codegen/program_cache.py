@@ -203,8 +203,10 @@ def unpack_spec(packed: tuple[bytes, bytes]) -> ProgramSpec:
     """The ProgramSpec that `pack_spec` packed."""
     table_blob, spec_blob = packed
     nodes: list[UOp] = []
+    # the hot loop of a warm start (a few hundred nodes a kernel): bound methods, no generator
+    append, node_at = nodes.append, nodes.__getitem__
     for op, dtype, srcs, arg in pickle.loads(table_blob):
-        nodes.append(UOp(op, dtype, tuple(nodes[i] for i in srcs), arg))
+        append(UOp(op, dtype, tuple(map(node_at, srcs)), arg))
     spec = _SpecUnpickler(io.BytesIO(spec_blob), nodes).load()
     if not isinstance(spec, ProgramSpec):
         raise TypeError(f"a cached program entry holds a {type(spec).__name__}")
