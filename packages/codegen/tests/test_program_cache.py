@@ -103,6 +103,25 @@ def check_cached_programs(asts: list[UOp], r: CRenderer) -> None:
         assert same_program(got1, want) and same_program(got2, want), f"wrong program for {a}"
 
 
+@settings(max_examples=25, deadline=None)
+@given(a=kernels(), r=st.sampled_from(RENDERERS), data=st.data())
+def test_unpacked_uops_are_built_on_first_use_and_read_as_the_list(a: UOp, r: CRenderer, data: st.DataObject) -> None:
+    with Context(PROGRAM_CACHE=0):
+        want = get_program(a, r)
+    got = pc.unpack_spec(pc.pack_spec(want))
+    assert isinstance(got.uops, pc.DeferredUOps) and list.__len__(got.uops) == 0  # nothing built yet
+    assert same_program(got, want)
+    # every way of reading a list reads the program's UOps
+    ref, lazy = want.uops, pc.unpack_spec(pc.pack_spec(want)).uops
+    i = data.draw(st.integers(-len(ref), len(ref) - 1))
+    assert lazy[i] is ref[i] and lazy[1:-1] == ref[1:-1] and len(lazy) == len(ref)
+    assert lazy == ref and ref == lazy and not lazy != ref and lazy.index(ref[i]) == ref.index(ref[i])
+    assert list(reversed(lazy)) == ref[::-1] and ref[i] in lazy and lazy.count(ref[i]) == ref.count(ref[i])
+    assert lazy + [ref[0]] == [*ref, ref[0]] and lazy.copy() == ref and bool(lazy) == bool(ref)
+    # packed again (a spec read from the cache, stored under another key) it is the same program
+    assert same_program(pc.unpack_spec(pc.pack_spec(got)), want)
+
+
 @settings(max_examples=40, deadline=None)
 @given(a=kernels(), b=kernels(), r1=st.sampled_from(RENDERERS), r2=st.sampled_from(RENDERERS))
 def test_keys_tell_kernels_and_renderers_apart(a: UOp, b: UOp, r1: CRenderer, r2: CRenderer) -> None:

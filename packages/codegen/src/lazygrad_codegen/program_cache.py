@@ -20,10 +20,11 @@ import functools
 import hashlib
 import importlib.metadata
 import io
+import itertools
 import pickle
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,7 +41,7 @@ PROGRAM_CACHE = ContextVar("PROGRAM_CACHE", 1)
 """0 turns off the caching of rendered programs (memory and disk); binaries are still cached by the compiler."""
 
 # bump when the layout of a cached entry changes
-_ENTRY_VERSION = 1
+_ENTRY_VERSION = 2
 
 
 class _UnkeyableError(TypeError):
@@ -192,25 +193,99 @@ class _SpecUnpickler(pickle.Unpickler):
 
 
 def pack_spec(spec: ProgramSpec) -> tuple[bytes, bytes]:
-    """`spec` as (table of its UOps, the spec referring to them by position), both plain pickles."""
+    """`spec` as (table of its UOps, the spec referring to them by position), both plain pickles. The nodes of the
+    spec's fields other than `uops` come first in the table, so that `unpack_spec` can build them alone."""
     buf = io.BytesIO()
     pickler = _SpecPickler(buf)
-    pickler.dump(spec)
-    return pickle.dumps(pickler.table, protocol=5), buf.getvalue()
+    pickler.dump(dataclasses.replace(spec, uops=[]))
+    fields = len(pickler.table)
+    uops = [pickler.persistent_id(u) for u in spec.uops]
+    return pickle.dumps((pickler.table, fields, uops), protocol=5), buf.getvalue()
 
 
 def unpack_spec(packed: tuple[bytes, bytes]) -> ProgramSpec:
-    """The ProgramSpec that `pack_spec` packed."""
+    """The ProgramSpec that `pack_spec` packed. Its `uops` are built on first use: running a program needs its
+    source and launch sizes, not its linear program, and building a model's tens of thousands of nodes was most of
+    a warm start's cache lookups."""
     table_blob, spec_blob = packed
-    nodes: list[UOp] = []
-    # the hot loop of a warm start (a few hundred nodes a kernel): bound methods, no generator
-    append, node_at = nodes.append, nodes.__getitem__
-    for op, dtype, srcs, arg in pickle.loads(table_blob):
-        append(UOp(op, dtype, tuple(map(node_at, srcs)), arg))
+    table, fields, uop_ids = pickle.loads(table_blob)
+    nodes = _build_nodes(table, fields, [])
     spec = _SpecUnpickler(io.BytesIO(spec_blob), nodes).load()
     if not isinstance(spec, ProgramSpec):
         raise TypeError(f"a cached program entry holds a {type(spec).__name__}")
-    return spec
+
+    def build_uops() -> list[UOp]:
+        _build_nodes(table, len(table), nodes)
+        return [nodes[i] for i in uop_ids]
+
+    return dataclasses.replace(spec, uops=DeferredUOps(build_uops))
+
+
+def _build_nodes(table: list[tuple[Any, ...]], end: int, nodes: list[UOp]) -> list[UOp]:
+    """`nodes` extended with the UOps of `table` up to position `end` (each one's sources come before it)."""
+    # the hot loop of a warm start: bound methods, no generator
+    append, node_at = nodes.append, nodes.__getitem__
+    for op, dtype, srcs, arg in itertools.islice(table, len(nodes), end):
+        append(UOp(op, dtype, tuple(map(node_at, srcs)), arg))
+    return nodes
+
+
+class DeferredUOps(list):  # a list subclass: ProgramSpec.uops holds a list
+    """A list of UOps that `build()` makes on first use (any read: iteration, length, indexing, comparison)."""
+
+    def __init__(self, build: Callable[[], list[UOp]] | None = None) -> None:
+        super().__init__()
+        self._build, self._lock = build, threading.Lock()
+
+    def _built(self) -> DeferredUOps:
+        if self._build is not None:
+            with self._lock:
+                if self._build is not None:
+                    list.extend(self, self._build())
+                    self._build = None
+        return self
+
+    def __iter__(self) -> Iterator[UOp]:
+        return list.__iter__(self._built())
+
+    def __reversed__(self) -> Iterator[UOp]:
+        return list.__reversed__(self._built())
+
+    def __len__(self) -> int:
+        return list.__len__(self._built())
+
+    def __getitem__(self, i: Any) -> Any:
+        return list.__getitem__(self._built(), i)
+
+    def __contains__(self, u: object) -> bool:
+        return list.__contains__(self._built(), u)
+
+    def __eq__(self, other: object) -> bool:
+        return list.__eq__(self._built(), other._built() if isinstance(other, DeferredUOps) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __add__(self, other: Any) -> list[UOp]:
+        return list(self) + list(other)
+
+    def __repr__(self) -> str:
+        return list.__repr__(self._built())
+
+    def index(self, u: UOp, *args: Any) -> int:  # type: ignore[override]
+        """The position of `u` (as list.index)."""
+        return list.index(self._built(), u, *args)
+
+    def count(self, u: UOp) -> int:  # type: ignore[override]
+        """How many times `u` occurs (as list.count)."""
+        return list.count(self._built(), u)
+
+    def copy(self) -> list[UOp]:  # type: ignore[override]
+        """A plain list of the same UOps."""
+        return list(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
 
 
 _memory: dict[tuple[Any, ...], ProgramSpec] = {}
