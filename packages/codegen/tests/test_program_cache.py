@@ -3,9 +3,9 @@ memory or from disk, never another kernel's or another renderer's; a damaged ent
 
 from __future__ import annotations
 
-import importlib.metadata
 import sqlite3
 import tempfile
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -162,8 +162,9 @@ def test_package_sources_are_part_of_the_key() -> None:
     fp = pc.package_fingerprint("lazygrad_codegen")
     assert fp.startswith("lazygrad_codegen:") and len(fp.rsplit(":", 1)[1]) == 16
     assert pc.package_fingerprint("lazygrad_codegen.program") == fp  # one per top-level package
-    # the installed distribution's version: a new release is a new key even where the sources read the same
-    assert fp.split(":")[1] == importlib.metadata.version("lazygrad-codegen")
+    # the package's version (its pyproject's): a new release is a new key even where the sources read the same
+    pyproject = Path(pc.__file__).parents[2] / "pyproject.toml"
+    assert fp.split(":")[1] == tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
 def test_debug_output_is_printed_on_a_warm_cache(cachedir: Path, capsys: pytest.CaptureFixture[str]) -> None:
