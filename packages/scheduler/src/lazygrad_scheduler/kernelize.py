@@ -510,8 +510,17 @@ def _shared_reduction_root(
 class _AstBuilder:
     """Builds the AST of one kernel: STOREs of its roots over LOADs of its leaves."""
 
-    def __init__(self, roots: list[UOp], group: _Group, leaf_nodes: dict[UOp, UOp]) -> None:
+    def __init__(
+        self,
+        roots: list[UOp],
+        group: _Group,
+        leaf_nodes: dict[UOp, UOp],
+        load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] | None = None,
+    ) -> None:
         self.roots, self.group, self.leaf_nodes = roots, group, leaf_nodes
+        # (leaf, movement path) -> the view its load reads through: shared by the kernels of one kernelize, which
+        # read the same tensors through the same views (forward, backward, update)
+        self.load_views = {} if load_views is None else load_views
         self.buffers: list[UOp] = []  # base BUFFER per slot
         self.slot_nodes: list[UOp] = []  # what each slot reads: a BUFFER, or the ASSIGN whose kernel writes it
         self.extra_deps: list[UOp] = []  # kernelized leaves of an output buffer: earlier writes to order after
@@ -553,7 +562,8 @@ class _AstBuilder:
             return self.memo[key]
         if u in self.leaf_nodes or is_leaf(u):
             leaf = self.leaf_nodes.get(u, u)
-            st = apply_movement(leaf_view(leaf), list(reversed(path)))
+            if (st := self.load_views.get((leaf, path))) is None:
+                st = self.load_views[leaf, path] = apply_movement(leaf_view(leaf), list(reversed(path)))
             buf = base_buffer(leaf)
             out = UOp(Ops.LOAD, u.dtype, (self.slot(buf, leaf), UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce))))
         elif u.op is Ops.CONST:
@@ -618,6 +628,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
             kernels.append([r])
             candidates.append(kernels[-1])
     becomes: dict[UOp, UOp] = {}
+    load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] = {}
     for roots in _kernel_order(kernels, direct, pos):
         if _byte_copy(roots[0]):
             becomes[roots[0]] = _copy_kernel(roots[0], becomes)
@@ -644,7 +655,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
                 st = ShapeTracker.from_shape(shape)
                 outs.append((buf, st))
                 targets.append(UOp(Ops.VIEW, r.dtype, (buf,), st))
-        builder = _AstBuilder(roots, merged, leaf_nodes)
+        builder = _AstBuilder(roots, merged, leaf_nodes, load_views)
         ast, binds = unbind_ast(builder.build(outs))
         srcs = (*builder.slot_nodes, *builder.extra_deps, *binds)
         kernel = UOp(Ops.KERNEL, src=srcs, arg=Kernel(ast, len(roots), len(builder.slot_nodes)))
