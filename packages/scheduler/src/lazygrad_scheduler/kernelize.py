@@ -83,6 +83,12 @@ def _root_value(root: UOp) -> UOp:
     return root
 
 
+# nodes a kernel reads as they are rather than computing: constants, variables
+_NOT_COMPUTED = frozenset({Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND})
+# ops through which an epilogue still fuses into the reduction below (only these between it and the root)
+_KEEPS_PATH = GroupOp.Elementwise | PASSTHROUGH | {Ops.RESHAPE, Ops.COPY}
+
+
 def _collect(
     root: UOp, realized: set[UOp], must_realize: set[UOp], constant: set[UOp], consulted: set[UOp] | None = None
 ) -> _Group:
@@ -96,17 +102,21 @@ def _collect(
     # (node, only elementwise/reshape ops between it and the root, below a reduction)
     stack: list[tuple[UOp, bool, bool]] = [(_root_value(root), True, False)]
     seen: set[tuple[UOp, bool, bool]] = set()
+    # the walk runs for every group of every round: its set and list methods bound once
+    members, leaves, pop, push, see, consult = g.members, g.leaves, stack.pop, stack.append, seen.add, consulted.add
+    device = Ops.DEVICE
     while stack:
-        item = stack.pop()
+        item = pop()
         if item in seen:
             continue
-        seen.add(item)
+        see(item)
         u, path_ok, in_reduce = item
-        consulted.add(u)
+        consult(u)
         if is_leaf(u) or (u in realized and u is not root):
-            g.leaves.add(u)
+            leaves.add(u)
             continue
-        if u.op in (Ops.CONST, Ops.DEVICE, Ops.DEFINE_VAR, Ops.BIND):
+        op = u.op
+        if op in _NOT_COMPUTED:
             continue
         # decided from the top down, so the largest such producer is stored, before the reductions under it are
         # found: stored on its own, it takes them as its epilogue instead of reading them back
@@ -116,21 +126,23 @@ def _collect(
             and _recompute_costs_more(u, g.reduce_sig[0], realized, constant, consulted)
         ):
             must_realize.add(u)
-            g.leaves.add(u)
+            leaves.add(u)
             continue
-        if u.op is Ops.REDUCE_AXIS:
+        if op is Ops.REDUCE_AXIS:
             sig = (shape_of(u.src[0]), u.arg[1])
             if in_reduce or not path_ok or (g.reduce_sig is not None and g.reduce_sig != sig):
                 must_realize.add(u)
-                g.leaves.add(u)
+                leaves.add(u)
                 continue
             g.reduce_sig = sig
-            g.members.add(u)
-            stack.append((u.src[0], False, True))
+            members.add(u)
+            push((u.src[0], False, True))
             continue
-        g.members.add(u)
-        keeps = path_ok and (u.op in GroupOp.Elementwise or u.op in PASSTHROUGH or u.op in (Ops.RESHAPE, Ops.COPY))
-        stack.extend((s, keeps, in_reduce) for s in u.src if s.op is not Ops.DEVICE)
+        members.add(u)
+        keeps = path_ok and op in _KEEPS_PATH
+        for s in u.src:
+            if s.op is not device:
+                push((s, keeps, in_reduce))
     return g
 
 
