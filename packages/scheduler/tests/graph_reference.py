@@ -223,8 +223,9 @@ def execute_kernel(ast: UOp, bufs: list[Buffer], memory: Memory) -> None:
     assert stores and all(s.op is Ops.STORE for s in stores), "a kernel AST is a SINK of STOREs"
     out_shape = tuple(stores[0].src[1].arg.shape)
     assert all(tuple(s.src[1].arg.shape) == out_shape for s in stores), "STOREs of one kernel differ in shape"
+    # a REDUCE_AXIS may sit in another's source (same axes, asserted below): there its result, one value per row,
+    # is broadcast back over the reduced axes
     reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
-    assert not any(r is not q and r in q.toposort for r in reduces for q in reduces), "a REDUCE_AXIS inside another"
     full = _full_shape(ast, reduces[0]) if reduces else out_shape
     assert all(_full_shape(ast, r) == full for r in reduces), "REDUCE_AXIS nodes of one kernel reduce different shapes"
     assert all(r.arg[1] == reduces[0].arg[1] for r in reduces), "REDUCE_AXIS nodes of one kernel differ in axes"
@@ -247,7 +248,10 @@ def execute_kernel(ast: UOp, bufs: list[Buffer], memory: Memory) -> None:
             vals[u] = vals[u.src[0]].astype(np_dtype(u.dtype))
         else:
             srcs = [vals[s] for s in u.src]
-            assert len({s.shape for s in srcs}) == 1, f"{u.op} has sources of shapes {[s.shape for s in srcs]}"
+            if len({s.shape for s in srcs}) != 1:
+                shapes = {s.shape for s in srcs}
+                assert shapes == {full, out_shape}, f"{u.op} has sources of shapes {[s.shape for s in srcs]}"
+                srcs = list(np.broadcast_arrays(*srcs))
             vals[u] = _alu(u, srcs)
 
     _check_no_races(stores, loads, bufs, full, out_shape)

@@ -97,10 +97,10 @@ def kernel_shape(ast: UOp) -> KernelShape:
         op, axes = r.arg
         if op not in (Ops.ADD, Ops.MAX, Ops.MUL):
             raise KernelASTError(f"REDUCE_AXIS reduces with ADD, MAX or MUL, got {op}")
-        fulls.add(_ast_shape(r.src[0]))
+        # a REDUCE_AXIS in another's source (an earlier value of the same rows, broadcast back over them) has the
+        # same axes, which the check below asks of every REDUCE_AXIS
+        fulls.add(_ast_shape(r.src[0], past_reduce=True))
         axes_seen.add(tuple(sorted(axes)))
-        if any(u.op is Ops.REDUCE_AXIS for u in r.src[0].toposort):
-            raise KernelASTError("a REDUCE_AXIS may not sit inside another REDUCE_AXIS's source in one kernel")
     if len(fulls) != 1 or len(axes_seen) != 1:
         raise KernelASTError(
             f"all REDUCE_AXIS of one kernel must share the full shape and axes, got shapes {sorted(fulls, key=str)} "
@@ -115,9 +115,10 @@ def kernel_shape(ast: UOp) -> KernelShape:
     return KernelShape(full, output, axes)
 
 
-def _ast_shape(u: UOp) -> tuple[sint, ...]:
+def _ast_shape(u: UOp, past_reduce: bool = False) -> tuple[sint, ...]:
     """The shape of a value in a kernel AST: that of the nearest LOAD, CONST or REDUCE_AXIS below it (elementwise
-    ops keep their sources' shape)."""
+    ops keep their sources' shape). `past_reduce`: the shape of a reduction's source, where a REDUCE_AXIS below is
+    an earlier reduction broadcast back over the reduced axes, and the LOADs and CONSTs beside it tell the shape."""
     frontier, seen = deque([u]), set()
     while frontier:
         n = frontier.popleft()
@@ -127,6 +128,8 @@ def _ast_shape(u: UOp) -> tuple[sint, ...]:
         if n.op in (Ops.LOAD, Ops.CONST) and n.src and n.src[-1].op is Ops.VIEW:
             return n.src[-1].arg.shape
         if n.op is Ops.REDUCE_AXIS:
+            if past_reduce:
+                continue
             return tuple(1 if i in n.arg[1] else s for i, s in enumerate(_ast_shape(n.src[0])))
         frontier.extend(n.src)
     raise KernelASTError(f"can't tell the shape of {u.op}: no LOAD or CONST with a VIEW below it")

@@ -49,6 +49,9 @@ from lazygrad_uop.views import ShapeTracker
 
 # the hardware indices a renderer with local dimensions offers, for workgroups and for threads
 MAX_DIMS = 3
+# the loops of a nested reduction (level L) are numbered NEST_ARG * L + axis, apart from the kernel's own axes and
+# the loops over a group's partial results
+NEST_ARG = 1000
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class _Lanes:
     operand: str = ""
     pins: tuple[tuple[int, tuple[UOp, ...]], ...] = ()
     gate: tuple[UOp, ...] = ()
+    # which loops over the reduce axes index the source of a reduction: its nesting level (`_Lowerer.levels`)
+    loop: int = 0
 
     @property
     def n(self) -> int:
@@ -209,6 +214,17 @@ class _Lowerer:
                     self.idx[a] = UOp.range(size, a, dt)
         self.reduce_ranges = tuple(UOp.range(k.full_shape[a], a, dt) for a in k.axes(AxisType.REDUCE))
         self.idx.update(zip(k.axes(AxisType.REDUCE), self.reduce_ranges, strict=True))
+        # a reduction whose source reads another one's result (broadcast over the same rows) loops over the rows
+        # after it, with loops of its own: level 0 for reductions of loads alone, one more than the deepest below
+        self.levels: dict[UOp, int] = {}
+        for red in k.reduceops:  # sources first
+            below = [self.levels[x] for x in red.src[0].toposort if x.op is Ops.REDUCE_AXIS]
+            self.levels[red] = max(below) + 1 if below else 0
+        self.ranges = [self.reduce_ranges] + [
+            tuple(UOp.range(k.full_shape[a], NEST_ARG * level + a, dt) for a in k.axes(AxisType.REDUCE))
+            for level in range(1, max(self.levels.values(), default=0) + 1)
+        ]
+        self.level_idx = [dict(zip(k.axes(AxisType.REDUCE), rs, strict=True)) for rs in self.ranges]
         upcast, unroll = k.axes(AxisType.UPCAST), k.axes(AxisType.UNROLL)
         up_sizes = tuple(int(k.full_shape[a]) for a in upcast)
         un_sizes = tuple(int(k.full_shape[a]) for a in unroll)
@@ -250,6 +266,8 @@ class _Lowerer:
                     out.append(coordinate(self.layouts[lanes.operand], dim, self.tc_thread, coord["reg"]))
             elif above_reduce and t in REDUCE_TYPES:
                 out.append(zero)
+            elif lanes.loop and a in self.level_idx[lanes.loop]:
+                out.append(self.level_idx[lanes.loop][a])
             else:
                 out.append(self.idx.get(a, zero))
         # hardware indices, tensor-core coordinates and selected positions are int32: views build their arithmetic
@@ -309,13 +327,27 @@ class _Lowerer:
                 return vectorize([value] * lanes.n)
             return vectorize([valid.where(value, value.const_like(0)) for _, valid in self.indexed(u.src[0], lanes)])
         if u.op is Ops.REDUCE_AXIS:
-            if lanes is not self.out:
-                raise KernelASTError("a REDUCE_AXIS may not sit inside another REDUCE_AXIS's source in one kernel")
-            return self._tc_reduce(u) if self.k.tensor_core is not None else self._reduce(u)
+            if ("reduced", u) not in self.memo:
+                self.memo[("reduced", u)] = self._tc_reduce(u) if self.k.tensor_core is not None else self._reduce(u)
+            reduced = self.memo[("reduced", u)]
+            return reduced if lanes is self.out else self._broadcast(reduced, lanes)
         if u.op in GroupOp.Elementwise:
             srcs = tuple(self.memo[("value", s, lanes)] for s in u.src)
             return UOp(u.op, vec(u.dtype, lanes.n), srcs, u.arg)
         raise KernelASTError(f"kernel AST holds an op codegen can't lower: {u.op.name}")
+
+    def _broadcast(self, reduced: UOp, lanes: _Lanes) -> UOp:
+        """A reduction's result (one lane per output lane) read inside a later reduction's source over the same rows:
+        each lane of `lanes` takes its output's lane, whatever its reduced (unrolled) coordinates."""
+        if lanes.operand:
+            raise KernelASTError("a reduction read inside a tensor-core operand can't be lowered")
+        picks = []
+        for coord in lanes.coords():
+            j = 0
+            for a, size in zip(self.out.axes, self.out.sizes, strict=True):
+                j = j * size + coord[a]
+            picks.append(j)
+        return gep(reduced, tuple(picks))
 
     def _acc_multiplicity(self, n_out: int, n_unroll: int) -> int:
         """How many unrolled lanes per output lane the accumulator keeps apart (combined after the loop). With fewer
@@ -399,17 +431,20 @@ class _Lowerer:
         return out
 
     def _reduce(self, red: UOp) -> UOp:
-        if (picked := self._select(red)) is not None:
+        level = self.levels[red]
+        # (a selection's positions are solved against the first loops)
+        if level == 0 and (picked := self._select(red)) is not None:
             return picked
+        ranges = self.ranges[level]
         op = _reduce_alu(red.arg[0], red.dtype)
         n_out = self.out.n
         n_unroll = self.full.n // n_out
         a, dot = self._acc_layout(n_out, n_unroll)
         # the dot layout computes the reduced value output-major, so that each vector runs along the unrolled axis
-        full = self.full
+        full = self.full if level == 0 else _Lanes(self.full.axes, self.full.sizes, loop=level)
         if dot:
             n_un = len(self.k.axes(AxisType.UNROLL))
-            full = _Lanes(full.axes[n_un:] + full.axes[:n_un], full.sizes[n_un:] + full.sizes[:n_un])
+            full = _Lanes(full.axes[n_un:] + full.axes[:n_un], full.sizes[n_un:] + full.sizes[:n_un], loop=level)
         x = self.value(red.src[0], full)
         identity = _identity(red.arg[0], red.dtype)
         if self.k.reduce_mask is not None:
@@ -418,10 +453,10 @@ class _Lowerer:
             x = vectorize([v.where(gep(x, (i,)), identity) for i, v in enumerate(valid)])
         n_acc = n_out * a
         slices = [gep(x, _acc_lanes(step, n_out, n_unroll, a, dot)) for step in range(n_unroll // a)]
-        if (folded := self._invariant_reduce(x, slices, op, n_out, a, dot)) is not None:
+        if (folded := self._invariant_reduce(x, slices, op, n_out, a, dot, ranges)) is not None:
             return folded
-        if self.reduce_ranges:
-            acc = self._acc(red.dtype, n_acc, identity, self.reduce_ranges)
+        if ranges:
+            acc = self._acc(red.dtype, n_acc, identity, ranges)
             new = acc
             for s in slices:
                 new = new.alu(op, s)
@@ -435,19 +470,22 @@ class _Lowerer:
             res = self._group_reduce(red, res, op, identity)
         return res
 
-    def _invariant_reduce(self, x: UOp, slices: list[UOp], op: Ops, n_out: int, apart: int, dot: bool) -> UOp | None:
+    def _invariant_reduce(
+        self, x: UOp, slices: list[UOp], op: Ops, n_out: int, apart: int, dot: bool, ranges: tuple[UOp, ...]
+    ) -> UOp | None:
         """The reduction's result without a loop when the reduced value `x` is the same at every position of the
         reduce loops and of the group's threads (a sum of a constant or of a broadcast load): a sum is the sum of one
         step's lanes times the number of steps (one rounding where a loop of float adds would round at every step;
         wrapping as its int adds would), a max or an any the value itself. None when `x` depends on them, or when
-        their sizes are symbolic or zero (the loop then decides how often, or whether, it runs)."""
+        their sizes are symbolic or zero (the loop then decides how often, or whether, it runs). `ranges`: the reduction's
+        loops."""
         groups = self.k.axes(AxisType.GROUP_REDUCE)
-        if op not in (Ops.ADD, Ops.MAX, Ops.OR) or not (self.reduce_ranges or groups):
+        if op not in (Ops.ADD, Ops.MAX, Ops.OR) or not (ranges or groups):
             return None
-        loops = [*self.reduce_ranges, *(self.idx[g] for g in groups)]
+        loops = [*ranges, *(self.idx[g] for g in groups)]
         if any(r in x.toposort for r in loops):
             return None
-        sizes = [r.src[0] for r in self.reduce_ranges]
+        sizes = [r.src[0] for r in ranges]
         if not all(e.op is Ops.CONST for e in sizes):
             return None
         trips = math.prod(e.arg for e in sizes) * math.prod(int(self.k.full_shape[g]) for g in groups)

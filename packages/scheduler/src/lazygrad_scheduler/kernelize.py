@@ -639,15 +639,19 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
         else:
             kernels.append([r])
             candidates.append(kernels[-1])
+    # imported here: row_values builds on this module's helpers
+    from lazygrad_scheduler.row_values import merge_row_values
+
+    kernels = merge_row_values(kernels, groups, needs)
     becomes: dict[UOp, UOp] = {}
     load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] = {}
     for roots in _kernel_order(kernels, direct, pos):
         if _byte_copy(roots[0]):
             becomes[roots[0]] = _copy_kernel(roots[0], becomes)
             continue
-        group = groups[roots[0]]
         members = set().union(*(groups[r].members for r in roots))
-        merged = _Group(roots[0], members, set().union(*(groups[r].leaves for r in roots)), group.reduce_sig)
+        sig = next((groups[r].reduce_sig for r in roots if groups[r].reduce_sig is not None), None)
+        merged = _Group(roots[0], members, set().union(*(groups[r].leaves for r in roots)), sig)
         leaf_nodes = {leaf: becomes[leaf] for leaf in merged.leaves if leaf in becomes}
         outs: list[tuple[UOp, ShapeTracker]] = []
         targets: list[UOp] = []
