@@ -296,7 +296,9 @@ def _assigns_reading_target_elsewhere(assigns: list[UOp], order: list[UOp]) -> s
 
 
 def _bytes_read(node: UOp, group: _Group) -> int:
-    """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count."""
+    """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count, or at its own
+    where that is fewer: a leaf broadcast into `node` (a row's mean, a channel's scale) is read from memory once and
+    from the cache after."""
     numel = max_numel(shape_of(node))
     total, stack, seen = 0, [node], set()
     while stack:
@@ -305,7 +307,7 @@ def _bytes_read(node: UOp, group: _Group) -> int:
             continue
         seen.add(u)
         if u in group.leaves or is_leaf(u):
-            total += numel * u.dtype.itemsize
+            total += min(numel, max_numel(shape_of(u))) * u.dtype.itemsize
         elif u.op is not Ops.CONST:
             stack.extend(s for s in u.src if s.op is not Ops.DEVICE)
     return total
@@ -642,7 +644,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
     # imported here: row_values builds on this module's helpers
     from lazygrad_scheduler.row_values import merge_row_values
 
-    kernels = merge_row_values(kernels, groups, needs)
+    kernels = merge_row_values(kernels, groups, direct)
     becomes: dict[UOp, UOp] = {}
     load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] = {}
     for roots in _kernel_order(kernels, direct, pos):

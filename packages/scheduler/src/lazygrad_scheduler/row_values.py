@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lazygrad_scheduler.kernelize import MOVEMENT, _Group, _root_value, apply_movement
+from lazygrad_scheduler.kernelize import MOVEMENT, _Group, _root_value, apply_movement, view_base
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -62,62 +62,108 @@ def _reads_row_value(root_value: UOp, members: set[UOp], value: UOp, sig: tuple)
     return found
 
 
+def _joint(a: tuple[tuple | None, tuple], b: tuple[tuple | None, tuple]) -> tuple | None:
+    """The reduction signature of two kernels of row values (`_Merger._row_kind`) merged: the same shape, at least
+    one reduction, all over the same rows; None when they don't merge."""
+    if a[1] != b[1] or (a[0] is not None and b[0] is not None and a[0] != b[0]):
+        return None
+    return a[0] if a[0] is not None else b[0]
+
+
 def merge_row_values(
-    kernels: list[list[UOp]], groups: Mapping[UOp, _Group], needs: Mapping[UOp, set[UOp]]
+    kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]
 ) -> list[list[UOp]]:
     """`kernels` (lists of roots, producers first) with the kernels of row values moved into the kernel that reads
-    them (see the module docstring). `groups` maps each root to its `_Group`, `needs` each root to the roots it needs,
-    directly or not."""
-    kernels = [list(k) for k in kernels]
-    home = {r: i for i, k in enumerate(kernels) for r in k}
-    for i in range(len(kernels)):
-        changed = True
-        while changed:
-            changed = False
-            for r2 in list(kernels[i]):
-                g2 = groups.get(r2)
-                if g2 is None:
-                    continue
-                for r1 in sorted(g2.leaves, key=lambda r: home.get(r, -1)):
-                    j = home.get(r1)
-                    if j is None or j == i or not kernels[j]:
-                        continue
-                    if _can_merge(kernels[j], kernels[i], groups, needs):
-                        kernels[i] = kernels[j] + kernels[i]
-                        for r in kernels[j]:
-                            home[r] = i
-                        kernels[j] = []
-                        changed = True
-                        break
-                if changed:
-                    break
-    return [k for k in kernels if k]
+    them, and kernels of row values over the same rows that read a common input and don't need each other merged
+    into one (their reductions then share the loops over the row). `groups` maps each root to its `_Group`, `direct`
+    each root to the roots it reads."""
+    return _Merger(kernels, groups, direct).run()
 
 
-def _can_merge(k1: list[UOp], k2: list[UOp], groups: Mapping[UOp, _Group], needs: Mapping[UOp, set[UOp]]) -> bool:
-    """Whether kernel `k1` (its roots) can run inside kernel `k2`, which reads it."""
-    roots = k1 + k2
-    # (an in-place update stays a kernel of its own: what it may read of its target is decided for it alone)
-    if any(r not in groups or r.op in _NOT_INLINED for r in roots):
-        return False
-    if len({shape_of(r) for r in roots}) != 1:
-        return False
-    sigs = {groups[r].reduce_sig for r in roots} - {None}
-    if len(sigs) != 1:
-        return False  # values of rows come from a reduction, all over the same rows
-    (sig,) = sigs
-    inside, outside = set(k1), set(k2)
-    # a kernel that needs k1 and is needed by k2 would then need itself
-    for r in k2:
-        for x in needs[r] - inside - outside:
-            if needs.get(x, set()) & inside:
-                return False
-    reads = False
-    for r2 in k2:
-        g2 = groups[r2]
-        for r1 in k1:
-            if r1 in g2.leaves:
-                if not _reads_row_value(_root_value(r2), g2.members, r1, sig):
+class _Merger:
+    """The state of `merge_row_values`: which kernel each root is in now."""
+
+    def __init__(
+        self, kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]
+    ) -> None:
+        self.kernels = [list(k) for k in kernels]
+        self.groups, self.direct = groups, direct
+        self.home = {r: i for i, k in enumerate(self.kernels) for r in k}
+
+    def run(self) -> list[list[UOp]]:
+        for i in range(len(self.kernels)):
+            while (j := self._partner(i)) is not None:
+                self.kernels[i] = self.kernels[j] + self.kernels[i]
+                for r in self.kernels[j]:
+                    self.home[r] = i
+                self.kernels[j] = []
+        return [k for k in self.kernels if k]
+
+    def _partner(self, i: int) -> int | None:
+        """An earlier kernel to merge into kernel `i`: one whose row values it reads, or a sibling."""
+        kind = self._row_kind(self.kernels[i])
+        if kind is None:
+            return None
+        read = self._deps(i)
+        for j in sorted(read):
+            other = self._row_kind(self.kernels[j]) if self.kernels[j] else None
+            if other is None or (sig := _joint(kind, other)) is None or not self._reads_only_rows(j, i, sig):
+                continue
+            if not self._path_through_other(i, j) and not self._path_through_other(j, i):
+                return j
+        if (sig := kind[0]) is None:
+            return None
+        inputs = {view_base(x) for r in self.kernels[i] for x in self.groups[r].leaves}
+        for j in range(i):
+            k = self.kernels[j]
+            if not k or j in read or self._row_kind(k) != kind:
+                continue
+            if inputs.isdisjoint(view_base(x) for r in k for x in self.groups[r].leaves):
+                continue
+            if not self._path_through_other(i, j, direct_too=True) and not self._path_through_other(
+                j, i, direct_too=True
+            ):
+                return j
+        return None
+
+    def _row_kind(self, kernel: list[UOp]) -> tuple[tuple | None, tuple] | None:
+        """(reduction signature or None, shape) of a kernel whose roots, all of one shape, are computed (not ASSIGN,
+        COPY or CONTIGUOUS) by reductions of one signature, or elementwise (None); None for any other kernel."""
+        # (an in-place update stays a kernel of its own: what it may read of its target is decided for it alone)
+        if any(r not in self.groups or r.op in _NOT_INLINED for r in kernel):
+            return None
+        if len(shapes := {shape_of(r) for r in kernel}) != 1:
+            return None
+        sigs = {self.groups[r].reduce_sig for r in kernel} - {None}
+        if len(sigs) > 1:
+            return None
+        return next(iter(sigs), None), shapes.pop()
+
+    def _reads_only_rows(self, j: int, i: int, sig: tuple) -> bool:
+        """Whether every read of kernel `j`'s roots in kernel `i` is one a kernel computing them too can lower."""
+        for r2 in self.kernels[i]:
+            g2 = self.groups[r2]
+            for r1 in self.kernels[j]:
+                if r1 in g2.leaves and not _reads_row_value(_root_value(r2), g2.members, r1, sig):
                     return False
-                reads = True
-    return reads
+        return True
+
+    def _deps(self, i: int) -> set[int]:
+        return {self.home[x] for r in self.kernels[i] for x in self.direct.get(r, ()) if x in self.home} - {i}
+
+    def _path_through_other(self, start: int, end: int, direct_too: bool = False) -> bool:
+        """Whether kernel `start` needs kernel `end` through some third kernel (or at all, with `direct_too`): merged,
+        they would need that kernel and it them."""
+        stack = [d for d in self._deps(start) if d != end]
+        if direct_too and end in self._deps(start):
+            return True
+        seen = set(stack)
+        while stack:
+            k = stack.pop()
+            for d in self._deps(k):
+                if d == end:
+                    return True
+                if d not in seen and d != start:
+                    seen.add(d)
+                    stack.append(d)
+        return False
