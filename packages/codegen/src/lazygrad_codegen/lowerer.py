@@ -477,8 +477,8 @@ class _Lowerer:
         reduce loops and of the group's threads (a sum of a constant or of a broadcast load): a sum is the sum of one
         step's lanes times the number of steps (one rounding where a loop of float adds would round at every step;
         wrapping as its int adds would), a max or an any the value itself. None when `x` depends on them, or when
-        their sizes are symbolic or zero (the loop then decides how often, or whether, it runs). `ranges`: the reduction's
-        loops."""
+        their sizes are symbolic or zero (the loop then decides how often, or whether, it runs). `ranges`: the
+        reduction's loops."""
         groups = self.k.axes(AxisType.GROUP_REDUCE)
         if op not in (Ops.ADD, Ops.MAX, Ops.OR) or not (ranges or groups):
             return None

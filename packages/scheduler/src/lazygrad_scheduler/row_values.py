@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lazygrad_scheduler.kernelize import MOVEMENT, _Group, _root_value, apply_movement, view_base
+from lazygrad_scheduler.kernelize import MOVEMENT, _Group, _root_value, apply_movement, max_numel, view_base
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -62,7 +62,7 @@ def _reads_row_value(root_value: UOp, members: set[UOp], value: UOp, sig: tuple)
     return found
 
 
-def _joint(a: tuple[tuple | None, tuple], b: tuple[tuple | None, tuple]) -> tuple | None:
+def _joint(a: tuple[tuple | None, int], b: tuple[tuple | None, int]) -> tuple | None:
     """The reduction signature of two kernels of row values (`_Merger._row_kind`) merged: the same shape, at least
     one reduction, all over the same rows; None when they don't merge."""
     if a[1] != b[1] or (a[0] is not None and b[0] is not None and a[0] != b[0]):
@@ -83,9 +83,7 @@ def merge_row_values(
 class _Merger:
     """The state of `merge_row_values`: which kernel each root is in now."""
 
-    def __init__(
-        self, kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]
-    ) -> None:
+    def __init__(self, kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]) -> None:
         self.kernels = [list(k) for k in kernels]
         self.groups, self.direct = groups, direct
         self.home = {r: i for i, k in enumerate(self.kernels) for r in k}
@@ -126,13 +124,15 @@ class _Merger:
                 return j
         return None
 
-    def _row_kind(self, kernel: list[UOp]) -> tuple[tuple | None, tuple] | None:
-        """(reduction signature or None, shape) of a kernel whose roots, all of one shape, are computed (not ASSIGN,
-        COPY or CONTIGUOUS) by reductions of one signature, or elementwise (None); None for any other kernel."""
+    def _row_kind(self, kernel: list[UOp]) -> tuple[tuple | None, int] | None:
+        """(reduction signature or None, element count) of a kernel whose roots, all of one size, are computed (not
+        ASSIGN, COPY or CONTIGUOUS) by reductions of one signature, or elementwise (None); None for any other
+        kernel."""
         # (an in-place update stays a kernel of its own: what it may read of its target is decided for it alone)
         if any(r not in self.groups or r.op in _NOT_INLINED for r in kernel):
             return None
-        if len(shapes := {shape_of(r) for r in kernel}) != 1:
+        # (each output is stored in the kernel's output shape, the reduced shape: a reshape of it is as good)
+        if len(shapes := {max_numel(shape_of(r)) for r in kernel}) != 1:
             return None
         sigs = {self.groups[r].reduce_sig for r in kernel} - {None}
         if len(sigs) > 1:
