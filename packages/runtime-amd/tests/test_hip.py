@@ -49,6 +49,7 @@ class FakeHIP:
     """libamdhip64 in Python: one device of `arch`, memory from ctypes buffers, modules kept as their images."""
 
     arch: str = "gfx1100"
+    compute_units: int = 48
     memory: dict[int, ctypes.Array] = field(default_factory=dict)
     modules: dict[int, bytes] = field(default_factory=dict)
     functions: dict[int, str] = field(default_factory=dict)
@@ -99,6 +100,15 @@ class FakeHIP:
         return 0
 
     get_device_properties = get_device_properties_r0600
+
+    def device_get_attribute(self, value: Any, attr: int, index: int) -> int:
+        # hipDeviceAttributeMultiprocessorCount (63 in ROCm 5's numbering) is the one attribute the fake knows
+        if index != 0:
+            return 101
+        if attr != 63:
+            return 1
+        value[0] = self.compute_units
+        return 0
 
     def set_device(self, index: int) -> int:
         return 0 if index == 0 else 101
@@ -434,3 +444,14 @@ def test_kernels_run_on_a_gpu() -> None:
     th = lazygrad.Tensor(h, device="HIP")
     want = h.astype(np.float32) @ h.astype(np.float32)
     np.testing.assert_allclose((th @ th).float().numpy(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_the_renderer_gets_the_gpus_compute_units(fake: FakeHIP) -> None:
+    fake.compute_units = 48
+    dev = hip.HIPDevice("HIP")
+    assert dev.renderer.compute_units == 48
+    dev.use_renderer(AMDGPURenderer("gfx1100"))
+    assert dev.renderer.compute_units == 48, "a renderer swapped in keeps the device's count"
+    # a runtime that can't tell: the renderer's documented default
+    fake.fail["hipDeviceGetAttribute"] = 1
+    assert hip.HIPDevice("HIP").renderer.compute_units == AMDGPURenderer.compute_units > 0

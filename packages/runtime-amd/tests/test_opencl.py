@@ -38,6 +38,13 @@ def run(dev: CLDevice, src: str, name: str, arrays: list[np.ndarray], **launch) 
     return out
 
 
+def test_the_renderer_has_the_devices_compute_units(dev: CLDevice) -> None:
+    # pyopencl's own query of the device, which split reductions size their parts by
+    assert dev.renderer.compute_units == cl_devices()[0].max_compute_units > 0
+    dev.use_renderer(type(dev.renderer)())
+    assert dev.renderer.compute_units == cl_devices()[0].max_compute_units
+
+
 def test_build_failure_shows_the_build_log(dev: CLDevice) -> None:
     with pytest.raises(CompileError, match=r"OpenCL build failed on .*\n(.|\n)*undeclared_thing"):
         dev.compiler.compile("__kernel void k(__global float* a) { a[0] = undeclared_thing; }")

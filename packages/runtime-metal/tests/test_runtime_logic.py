@@ -51,6 +51,17 @@ def test_device_opens_with_a_queue_and_tensor_cores_where_the_gpu_has_simdgroup_
     assert not fake.owned("NSString")
 
 
+def test_renderer_gets_the_gpu_cores_of_known_gpus(fake, dev) -> None:
+    from lazygrad_metal.renderer import APPLE_GPU_CORES, DEFAULT_GPU_CORES, gpu_cores
+
+    # the fake's name is in no table: the documented default, never 0
+    assert dev.renderer.compute_units == DEFAULT_GPU_CORES > 0
+    assert gpu_cores("Apple M2 Max") == APPLE_GPU_CORES["Apple M2 Max"] and gpu_cores("Apple M9") == DEFAULT_GPU_CORES
+    # a chip's bigger configurations have more cores
+    for chip in ("M1", "M2", "M3"):
+        assert gpu_cores(f"Apple {chip}") < gpu_cores(f"Apple {chip} Pro") < gpu_cores(f"Apple {chip} Max")
+
+
 def test_gpu_family_picks_the_newest_described_target(fake, dev) -> None:
     assert gpu_family_target(dev.mtl, ["apple9", "apple7", "apple8", "sm_80"]) == "apple7"
     assert gpu_family_target(dev.mtl, ["apple8"]) is None

@@ -85,3 +85,19 @@ def test_transfer_between_two_python_devices(python_device: CompiledDevice) -> N
     alloc.copyin(src, memoryview(b"abcdefgh"))
     alloc._transfer(dest, src, 8, python_device, python_device)
     assert bytes(alloc._as_buffer(dest)) == b"abcdefgh"
+
+
+def test_compute_units_size_split_reductions() -> None:
+    from lazygrad_codegen.reductions import split_plan
+    from lazygrad_python import PythonRenderer
+    from lazygrad_python.device import GPUTarget
+    from lazygrad_uop import Ops
+
+    # the interpreter runs one thread: a long sum to one output is cut only to bound its sequential length
+    assert PythonRenderer().compute_units == 1
+    big, small = PythonRenderer(GPUTarget(compute_units=1024)), PythonRenderer(GPUTarget(compute_units=2))
+    assert big.compute_units == 1024
+    # 256 sums of 2^15 elements: parts enough for two per multiprocessor on the big GPU, whole sums on the small one
+    plan = split_plan(big, 256, 1 << 15, Ops.ADD)
+    assert plan is not None and plan.parts * 256 >= 2 * 1024
+    assert split_plan(small, 256, 1 << 15, Ops.ADD) is None

@@ -128,9 +128,16 @@ class AMDGPURenderer(LLVMRenderer):
     global_max: tuple[int, ...] | None = (2**31 - 1, 65535, 65535)
     local_max: tuple[int, ...] | None = (1024, 1024, 1024)
     shared_max: int = 65536
+    # compute units, which size split reductions: a Radeon RX 7900 XTX's (gfx1100, the default arch) 96 unless the
+    # opened GPU says otherwise (`lazygrad_amd.hip.device_compute_units`)
+    compute_units: int = 96
 
-    def __init__(self, arch: str = "gfx1100", tensor_cores: tuple[TensorCore, ...] = ()) -> None:
+    def __init__(
+        self, arch: str = "gfx1100", tensor_cores: tuple[TensorCore, ...] = (), compute_units: int | None = None
+    ) -> None:
         self.arch = arch
+        if compute_units is not None:
+            self.compute_units = compute_units
         # the matrix instructions of this target, which the registry hands over (lazygrad_amd.tensor_cores registers
         # the built-in ones) and codegen's heuristics then use for fitting matmuls
         self.tensor_cores: tuple[TensorCore, ...] = tuple(tensor_cores)

@@ -58,7 +58,12 @@ HIP_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "hipEventDestroy": (_err, (_ptr,)),
 }
 # ROCm 6 renamed the properties call for its new struct layout (the old name stays, for the old layout)
-_OPTIONAL_PROTOTYPES = {"hipGetDevicePropertiesR0600": (_err, (_ptr, _int))}
+_OPTIONAL_PROTOTYPES = {
+    "hipGetDevicePropertiesR0600": (_err, (_ptr, _int)),
+    "hipDeviceGetAttribute": (_err, (ctypes.POINTER(ctypes.c_int), _int, _int)),
+}
+# hipDeviceAttributeMultiprocessorCount in the numbering of ROCm 5 and newer (hipDeviceAttribute_t)
+_MULTIPROCESSOR_COUNT = 63
 
 
 class HIPError(RuntimeError):
@@ -127,6 +132,17 @@ def device_arch(index: int) -> str:
     if (m := re.search(rb"gfx[0-9a-f]+", raw.raw)) is None:
         raise HIPError(f"HIP device {index} reports no gfx architecture name in its properties")
     return m.group(0).decode()
+
+
+def device_compute_units(index: int) -> int | None:
+    """The compute units of HIP device `index`, or None when the runtime can't tell (the renderer's default stays)."""
+    get = getattr(libhip(), "hipDeviceGetAttribute", None)
+    if get is None:
+        return None
+    value = ctypes.c_int(0)
+    if get(ctypes.byref(value), _MULTIPROCESSOR_COUNT, index) != 0 or value.value <= 0:
+        return None
+    return value.value
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,7 +321,9 @@ class HIPDevice(CompiledDevice):
         if self.index >= count.value:
             raise ValueError(f"{name} does not exist: HIP sees {count.value} GPUs")
         self.arch = device_arch(self.index)
-        super().__init__(name, HIPAllocator(self), AMDGPURenderer(self.arch), AMDGPUCompiler(self.arch), HIPProgram)
+        self.compute_units = device_compute_units(self.index)
+        renderer = AMDGPURenderer(self.arch, compute_units=self.compute_units)
+        super().__init__(name, HIPAllocator(self), renderer, AMDGPUCompiler(self.arch), HIPProgram)
 
     def make_current(self) -> None:
         """Make this the calling thread's current HIP device."""
@@ -320,7 +338,7 @@ class HIPDevice(CompiledDevice):
             )
         if not isinstance(renderer, AMDGPURenderer):
             raise TypeError(f"{self.device} runs AMDGPU code objects; it can't use {type(renderer).__name__}")
-        self.renderer = type(renderer)(self.arch)
+        self.renderer = type(renderer)(self.arch, compute_units=self.compute_units)
 
     def synchronize(self) -> None:
         """Wait for all work queued on the device."""

@@ -179,6 +179,7 @@ class CLDevice(CompiledDevice):
             local_max=(sizes[0], sizes[1], sizes[2]),
             shared_max=int(cl_device.local_mem_size),
             max_workgroup_threads=int(cl_device.max_work_group_size),
+            compute_units=int(cl_device.max_compute_units),
         )
         super().__init__(name, CLAllocator(self), renderer, CLCompiler(self), CLProgram)
         if DEBUG >= 1:
@@ -201,6 +202,7 @@ class CLDevice(CompiledDevice):
             current.local_max,
             current.shared_max,
             current.max_workgroup_threads,
+            current.compute_units,
         )
 
     def synchronize(self) -> None:

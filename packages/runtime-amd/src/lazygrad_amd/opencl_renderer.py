@@ -117,8 +117,11 @@ class OpenCLRenderer(CStyleLanguage):
         local_max: tuple[int, int, int] | None = None,
         shared_max: int = 32768,
         max_workgroup_threads: int = 256,
+        compute_units: int = 0,
     ) -> None:
         self.half_native, self.fp64 = half_native, fp64
+        # the device's compute units (CL_DEVICE_MAX_COMPUTE_UNITS; 0 when not opened on one), for split reductions
+        self.compute_units = compute_units
         # instance attributes: the limits are the opened device's
         self.local_max = local_max
         self.shared_max = shared_max

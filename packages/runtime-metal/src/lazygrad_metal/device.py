@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from lazygrad_metal import objc
 from lazygrad_metal.objc import BOOL, Message, NSUInteger, ObjCError, autorelease_pool, id_t
-from lazygrad_metal.renderer import MetalRenderer
+from lazygrad_metal.renderer import MetalRenderer, gpu_cores
 from lazygrad_uop.device import BufferSpec, CompiledDevice, CompileError, Compiler, LRUAllocator, Program
 from lazygrad_uop.registry import DeviceName
 
@@ -297,7 +297,7 @@ class MetalDevice(CompiledDevice):
         # whether MetalGraph must make its pipelines used before running an indirect command buffer (see there)
         self.icb_pipelines_need_use = not SUPPORTS_FAMILY(self.mtl, GPU_FAMILY_APPLE9)
         # the registry hands the renderer the tensor cores registered for its target when it opens the device
-        renderer = MetalRenderer(target=self.target)
+        renderer = MetalRenderer(target=self.target, compute_units=gpu_cores(self.gpu_name))
         super().__init__(name, MetalAllocator(self), renderer, MetalCompiler(self), MetalProgram, MetalGraph)
 
     def track(self, cbuf: int, wait: bool) -> float | None:

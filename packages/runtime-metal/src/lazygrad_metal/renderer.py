@@ -40,6 +40,35 @@ _SHUFFLE_TYPES = frozenset(
 )
 
 
+# GPU cores of Apple silicon by the name Metal gives the device: the largest configuration of each chip (binned parts
+# have a few fewer, which sizes split reductions about as well)
+APPLE_GPU_CORES: dict[str, int] = {
+    "Apple M1": 8,
+    "Apple M1 Pro": 16,
+    "Apple M1 Max": 32,
+    "Apple M1 Ultra": 64,
+    "Apple M2": 10,
+    "Apple M2 Pro": 19,
+    "Apple M2 Max": 38,
+    "Apple M2 Ultra": 76,
+    "Apple M3": 10,
+    "Apple M3 Pro": 18,
+    "Apple M3 Max": 40,
+    "Apple M3 Ultra": 80,
+    "Apple M4": 10,
+    "Apple M4 Pro": 20,
+    "Apple M4 Max": 40,
+}
+# the cores of a GPU missing from the table: a base Apple silicon chip's
+DEFAULT_GPU_CORES = 10
+
+
+def gpu_cores(name: str) -> int:
+    """The GPU cores of the Apple GPU Metal calls `name` (`APPLE_GPU_CORES`), or `DEFAULT_GPU_CORES` for one it
+    doesn't list."""
+    return APPLE_GPU_CORES.get(name.strip(), DEFAULT_GPU_CORES)
+
+
 class MetalRenderer(CStyleLanguage):
     """Metal Shading Language for Apple GPUs. `tensor_cores` are the simdgroup_matrix descriptions this target
     offers (none by default: the METAL device passes them when the GPU supports simdgroup matrices)."""
@@ -88,8 +117,15 @@ class MetalRenderer(CStyleLanguage):
     barrier: ClassVar[str] = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     warp_size: int = SIMD_WIDTH
 
-    def __init__(self, tensor_cores: tuple[TensorCore, ...] = (), target: str | None = None) -> None:
+    # GPU cores, which size split reductions (a MetalDevice sets its own GPU's, `gpu_cores`)
+    compute_units: int = DEFAULT_GPU_CORES
+
+    def __init__(
+        self, tensor_cores: tuple[TensorCore, ...] = (), target: str | None = None, compute_units: int | None = None
+    ) -> None:
         self.tensor_cores = tuple(tensor_cores)
+        if compute_units is not None:
+            self.compute_units = compute_units
         # the Apple GPU family ("apple7") whose registered tensor cores the registry hands this renderer
         self.target = target
 

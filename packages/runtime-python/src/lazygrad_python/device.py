@@ -49,6 +49,8 @@ class GPUTarget:
     async_copy: bool = False
     # LDMATRIX (CUDA's ldmatrix on sm_75+): staged tensor-core fragments read local memory as 8x8 matrices
     ldmatrix: bool = False
+    # multiprocessors, which size split reductions (`Renderer.compute_units`): a mid-size GPU's by default
+    compute_units: int = 32
 
     def __post_init__(self) -> None:
         if self.warp_size and (self.warp_size < 2 or WARP_SIZE % self.warp_size):
@@ -70,6 +72,8 @@ class PythonRenderer(Renderer):
     has_local: bool = False
     has_shared: bool = False
     supports_float4: bool = False
+    # the interpreter runs one thread at a time
+    compute_units: int = 1
 
     def __init__(self, target: GPUTarget | None = None) -> None:
         self.target = target
@@ -82,6 +86,7 @@ class PythonRenderer(Renderer):
             self.supports_float4, self.vector_width = target.supports_float4, target.vector_width
             self.tensor_cores, self.has_async_copy = target.tensor_cores, target.async_copy
             self.has_ldmatrix = target.ldmatrix
+            self.compute_units = target.compute_units
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (PythonRenderer, (self.target,))
