@@ -84,6 +84,20 @@ def test_unaligned_vector_memory_on_llvm_aligned_float4_elsewhere() -> None:
     assert memory_widths(Narrow()) == ((4, 2), False)
 
 
+def test_wide_vectors_move_16_bytes_of_narrow_elements() -> None:
+    wide = Float4()
+    wide.wide_vectors = True
+    # widths of aligned vectors of at most 16 bytes (and float4's 4 lanes for wider elements), widest first
+    for itemsize in (1, 2, 4, 8):
+        lanes = max(16 // itemsize, 4)
+        assert memory_widths(wide, itemsize) == (tuple(w for w in (16, 8, 4, 2) if w <= lanes), True)
+    n = 64
+    shifted = sink(store(0, load(1, dtypes.float16, st(n + 8).shrink(((8, n + 8),))), st(n)))
+    spec = get_program(shifted, wide, [Opt(OptOps.UPCAST, 0, 16)])
+    assert {u.dtype.count for u in spec.uops if u.op is Ops.LOAD} == {8}  # 8 halves at a time, aligned at 8
+    assert memory_widths(Float4(), 2) == ((4, 2), True), "without wide_vectors, float4's widths"
+
+
 def test_group_memory_leaves_gapped_and_differently_gated_accesses_alone() -> None:
     buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(64), arg=1)
     out = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(64), arg=0)

@@ -8,6 +8,7 @@ Needs the lazygrad frontend."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -83,7 +84,18 @@ def test_row_reductions_are_two_programs_that_nvrtc_compiles(renderer: CUDARende
 def test_the_fp16_add_has_at_least_128_threads_per_workgroup(renderer: CUDARenderer) -> None:
     (spec,) = programs(_t(2**26, dtype=dtypes.float16) + _t(2**26, dtype=dtypes.float16), renderer)
     assert 128 <= math.prod(spec.local_size) <= 512
-    assert "lg_halfx4" in spec.src  # vector loads and stores
+    assert "lg_halfx8" in spec.src  # vectors of 8 halves
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_fp16_add_loads_and_stores_128_bits_at_a_time(renderer: CUDARenderer, arch: str) -> None:
+    (spec,) = programs(_t(2**26, dtype=dtypes.float16) + _t(2**26, dtype=dtypes.float16), renderer)
+    ptx = nvrtc_compile(spec.src, arch).ptx.decode()
+    accesses = [line.split()[0] for line in ptx.splitlines() if re.match(r"\s*(ld|st)\.global", line)]
+    # four 32-bit lanes (or two 64-bit ones) per instruction: 128 bits
+    wide = re.compile(r"(ld|st)\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)$")
+    assert accesses and all(wide.match(a) for a in accesses), accesses
+    assert sum(a.startswith("ld") for a in accesses) == 2 and sum(a.startswith("st") for a in accesses) == 1
 
 
 def test_a_launch_past_65535_in_y_is_folded_and_compiles(renderer: CUDARenderer, tmp_path) -> None:

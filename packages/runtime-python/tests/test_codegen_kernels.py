@@ -114,3 +114,28 @@ def test_symbolic_variable() -> None:
     out = run_ast(sink(store(0, load(1, dtypes.float32, view, size=32) + 1.0, view, size=32)), {1: a}, vals=(7,))[0]
     np.testing.assert_array_equal(out[:7], a[:7] + np.float32(1))
     np.testing.assert_array_equal(out[7:], 0)
+
+
+@pytest.mark.parametrize(
+    "dtype, lanes", [(dtypes.float16, 8), (dtypes.int8, 16), (dtypes.uint8, 16), (dtypes.float32, 4)], ids=str
+)
+@pytest.mark.parametrize("n", [4096, 4128])  # 4128: whole vectors, not whole workgroups (the last one masked)
+def test_elementwise_on_a_gpu_target_moves_16_bytes_per_access(dtype, lanes: int, n: int) -> None:
+    from lazygrad_python.device import GPUTarget
+
+    renderer = PythonRenderer(GPUTarget(name="WIDE"))
+    a = (RNG.standard_normal(n) * 20).astype(to_numpy_dtype(dtype))
+    b = (RNG.standard_normal(n) * 20).astype(to_numpy_dtype(dtype))
+    ast = sink(store(0, load(1, dtype, st(n)) + load(2, dtype, st(n)), st(n)))
+    spec = codegen.get_program(ast, renderer)
+    widths = {u.dtype.count for u in spec.uops if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL}
+    assert widths == {lanes}, "every load of the inputs is one 16-byte vector"
+    stores = {u.src[1].dtype.count for u in spec.uops if u.op is Ops.STORE}
+    assert stores == {lanes}
+    assert 128 <= spec.local_size[0] <= 512
+    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    mems = [memoryview(bytearray(x.tobytes())) for x in (np.zeros_like(a), a, b)]
+    prg(*mems, global_size=spec.global_size, local_size=spec.local_size, vals=())
+    with np.errstate(over="ignore"):
+        want = a + b
+    np.testing.assert_array_equal(np.frombuffer(bytes(mems[0]), a.dtype), want)

@@ -34,6 +34,7 @@ from lazygrad_codegen.bandwidth import elementwise_workgroups
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
 from lazygrad_codegen.reductions import group_rows
 from lazygrad_codegen.tiling import staged_matmul
+from lazygrad_codegen.vectors import VECTOR_BYTES
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -164,7 +165,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         elif out_contig and vector_choices:
             g.upcast(out_contig[-1], vector_choices)
     elif out_contig and vector_choices:
-        g.upcast(out_contig[-1], vector_choices)
+        g.upcast(out_contig[-1], _wide_choices(k) + vector_choices)
     # short reductions become straight-line code (from the last axis, so earlier indices stay valid)
     for n in reversed(range(len(k.axes(AxisType.REDUCE)))):
         size = k.full_shape[k.axes(AxisType.REDUCE)[n]]
@@ -179,6 +180,17 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         if cur is not None and cur > 0:
             _try(k, Opt(OptOps.SWAP, 0, cur))
     return k
+
+
+def _wide_choices(k: Kernel) -> list[int]:
+    """Upcasts of an elementwise kernel that make its widest elements one 16-byte vector, where the renderer loads and
+    stores such vectors of elements narrower than 4 bytes (`Renderer.wide_vectors`): 8 halves, 16 bytes."""
+    if not k.renderer.wide_vectors or k.renderer.vector_width > 1:
+        return []
+    sizes = [u.dtype.itemsize for u, _ in k.loads()] + [u.src[2].dtype.itemsize for u, _ in k.stores()]
+    itemsize = max(sizes, default=4)
+    lanes = VECTOR_BYTES // itemsize
+    return [lanes] if lanes > 4 else []
 
 
 def _dot_axis(k: Kernel, full_loads: list[ShapeTracker]) -> int | None:

@@ -158,9 +158,14 @@ def split_rules(width: int) -> tuple[PatternMatcher, int]:
 # *** grouping memory accesses ***
 
 
-def memory_widths(renderer: Renderer) -> tuple[tuple[int, ...], bool]:
-    """The vector widths the renderer loads and stores (widest first) and whether the element index must be a
-    multiple of the width: unaligned vectors up to `vector_width`, else aligned float2/float4 if `supports_float4`."""
+# the widest load or store a GPU thread issues: 128 bits
+VECTOR_BYTES = 16
+
+
+def memory_widths(renderer: Renderer, itemsize: int = 4) -> tuple[tuple[int, ...], bool]:
+    """The vector widths the renderer loads and stores elements of `itemsize` bytes in (widest first) and whether the
+    element index must be a multiple of the width: unaligned vectors up to `vector_width`, else aligned float2/float4
+    if `supports_float4`, and up to 16 bytes of narrower elements (8 halves, 16 chars) if `wide_vectors`."""
     if renderer.vector_width > 1:
         widths, w = [], 1
         while w * 2 <= renderer.vector_width:
@@ -168,7 +173,8 @@ def memory_widths(renderer: Renderer) -> tuple[tuple[int, ...], bool]:
             widths.append(w)
         return tuple(reversed(widths)), False
     if renderer.supports_float4:
-        return (4, 2), True
+        wide = VECTOR_BYTES // itemsize if renderer.wide_vectors else 4
+        return tuple(w for w in (16, 8, 4, 2) if w <= max(wide, 4)), True
     return (), False
 
 
@@ -229,8 +235,7 @@ def _buffer_limit(buf: UOp) -> int:
 
 def group_memory(sink: UOp, renderer: Renderer) -> UOp:
     """Scalar loads and stores of neighbouring elements replaced by vector loads and stores."""
-    widths, aligned = memory_widths(renderer)
-    if not widths:
+    if not memory_widths(renderer)[0]:
         return sink
     # loads: same buffer, same base index, same validity and gate; lanes by constant offset
     groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
@@ -247,6 +252,7 @@ def group_memory(sink: UOp, renderer: Renderer) -> UOp:
     for (buf, base, _, extra, dtype), by_offset in groups.items():
         if len(by_offset) < 2:
             continue
+        widths, aligned = memory_widths(renderer, dtype.itemsize)
         for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
             if len(run) == 1:
                 continue
@@ -262,23 +268,23 @@ def group_memory(sink: UOp, renderer: Renderer) -> UOp:
                 mapping[by_offset[off]] = gep(wide, (lane,))
     if mapping:
         sink = sink.substitute(mapping)
-    return _group_stores(sink, widths, aligned)
+    return _group_stores(sink, renderer)
 
 
-def _group_stores(sink: UOp, widths: tuple[int, ...], aligned: bool) -> UOp:
+def _group_stores(sink: UOp, renderer: Renderer) -> UOp:
     # the stores into local memory (sources of a BARRIER) first, then the kernel's outputs (sources of the SINK)
     for kind in (Ops.BARRIER, Ops.SINK):
         mapping = {
             owner: new
             for owner in sink.toposort
-            if owner.op is kind and (new := _grouped(owner, widths, aligned)) is not owner
+            if owner.op is kind and (new := _grouped(owner, renderer)) is not owner
         }
         if mapping:
             sink = sink.substitute(mapping)
     return sink
 
 
-def _grouped(owner: UOp, widths: tuple[int, ...], aligned: bool) -> UOp:
+def _grouped(owner: UOp, renderer: Renderer) -> UOp:
     """`owner` (a SINK or BARRIER) with its scalar stores to neighbouring elements merged into vector stores."""
     groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
     rest: list[UOp] = []
@@ -293,6 +299,7 @@ def _grouped(owner: UOp, widths: tuple[int, ...], aligned: bool) -> UOp:
         rest.append(s)
     new_src: list[UOp] = []
     for (buf, base, _, gate), by_offset in groups.items():
+        widths, aligned = memory_widths(renderer, next(iter(by_offset.values())).src[1].dtype.itemsize)
         for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
             first = by_offset[run[0]]
             if len(run) == 1:

@@ -131,6 +131,8 @@ class CUDARenderer(CStyleLanguage):
     device = "CUDA"
     suffix = "CUDA"
     supports_float4 = True
+    # 16-byte loads and stores of 8 halves or 16 bytes, through the aligned `lg_<T>x<n>` structs
+    wide_vectors = True
     has_local = True
     has_shared = True
     # CUDA's limits: grid x up to 2^31-1 blocks, y and z up to 65535; at most 1024 threads per block, z up to 64

@@ -41,6 +41,8 @@ class GPUTarget:
     shared_max: int = 49152
     max_workgroup_threads: int = 1024
     supports_float4: bool = True
+    # 16-byte loads and stores of narrower elements too (8 halves, 16 bytes), as CUDA's
+    wide_vectors: bool = True
     vector_width: int = 1
     # threads whose values SHUFFLE_XOR exchanges (a power of two dividing the interpreter's 32-thread warps), so that
     # grouped reductions combine within warps first; 0: no shuffles, grouped reductions go through local memory only
@@ -84,6 +86,7 @@ class PythonRenderer(Renderer):
             self.global_max = target.global_max
             self.max_workgroup_threads, self.warp_size = target.max_workgroup_threads, target.warp_size
             self.supports_float4, self.vector_width = target.supports_float4, target.vector_width
+            self.wide_vectors = target.wide_vectors
             self.tensor_cores, self.has_async_copy = target.tensor_cores, target.async_copy
             self.has_ldmatrix = target.ldmatrix
             self.compute_units = target.compute_units

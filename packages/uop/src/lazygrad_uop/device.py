@@ -353,7 +353,8 @@ class Renderer(abc.ABC):
 
     Limits the code generator's optimisations respect: `vector_width` (lanes of one vector ALU op and of an unaligned
     vector load or store; 1 means scalar arithmetic, with `supports_float4` still allowing aligned 2- and 4-element
-    loads and stores), `max_upcast` (the register budget: the most elements a thread may hold for upcast and unrolled
+    loads and stores, and `wide_vectors` aligned 16-byte loads and stores of narrower elements too: 8 halves, 16
+    bytes), `max_upcast` (the register budget: the most elements a thread may hold for upcast and unrolled
     axes together), `max_workgroup_threads` (threads of one workgroup), `has_threads` (a host target that runs a
     kernel's outermost parallel loop across CPU cores: codegen turns that loop into `SPECIAL core0`), and `warp_size`
     (threads whose values `SHUFFLE_XOR` exchanges, a power of two dividing the hardware's warp; 0: no shuffles, so
@@ -368,6 +369,7 @@ class Renderer(abc.ABC):
     device: ClassVar[str] = ""
     suffix: ClassVar[str] = ""
     supports_float4: bool = True
+    wide_vectors: bool = False
     has_local: bool = True
     has_shared: bool = True
     has_threads: bool = False
