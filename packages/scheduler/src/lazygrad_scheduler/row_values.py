@@ -81,42 +81,48 @@ def merge_row_values(
 
 
 class _Merger:
-    """The state of `merge_row_values`: which kernel each root is in now."""
+    """The state of `merge_row_values`: which kernel each root is in now, each kernel's kind (`_row_kind`), inputs
+    and the kernels it reads (cached; a merge forgets the dependencies, which it changes for the kernels reading it)."""
 
     def __init__(self, kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]) -> None:
         self.kernels = [list(k) for k in kernels]
         self.groups, self.direct = groups, direct
         self.home = {r: i for i, k in enumerate(self.kernels) for r in k}
+        self.kinds = [self._row_kind(k) for k in self.kernels]
+        self.rows = [i for i, kind in enumerate(self.kinds) if kind is not None]
+        self.inputs: dict[int, set[UOp]] = {}
+        self.deps: dict[int, set[int]] = {}
 
     def run(self) -> list[list[UOp]]:
-        for i in range(len(self.kernels)):
+        for i in self.rows:
             while (j := self._partner(i)) is not None:
                 self.kernels[i] = self.kernels[j] + self.kernels[i]
                 for r in self.kernels[j]:
                     self.home[r] = i
                 self.kernels[j] = []
+                self.kinds[i], self.kinds[j] = self._row_kind(self.kernels[i]), None
+                self.inputs.pop(i, None)
+                self.deps.clear()
         return [k for k in self.kernels if k]
 
     def _partner(self, i: int) -> int | None:
         """An earlier kernel to merge into kernel `i`: one whose row values it reads, or a sibling."""
-        kind = self._row_kind(self.kernels[i])
+        kind = self.kinds[i]
         if kind is None:
             return None
         read = self._deps(i)
         for j in sorted(read):
-            other = self._row_kind(self.kernels[j]) if self.kernels[j] else None
+            other = self.kinds[j]
             if other is None or (sig := _joint(kind, other)) is None or not self._reads_only_rows(j, i, sig):
                 continue
             if not self._path_through_other(i, j) and not self._path_through_other(j, i):
                 return j
-        if (sig := kind[0]) is None:
+        if kind[0] is None:
             return None
-        inputs = {view_base(x) for r in self.kernels[i] for x in self.groups[r].leaves}
-        for j in range(i):
-            k = self.kernels[j]
-            if not k or j in read or self._row_kind(k) != kind:
-                continue
-            if inputs.isdisjoint(view_base(x) for r in k for x in self.groups[r].leaves):
+        for j in self.rows:
+            if j >= i:
+                break
+            if j in read or self.kinds[j] != kind or self._inputs(i).isdisjoint(self._inputs(j)):
                 continue
             if not self._path_through_other(i, j, direct_too=True) and not self._path_through_other(
                 j, i, direct_too=True
@@ -124,12 +130,17 @@ class _Merger:
                 return j
         return None
 
+    def _inputs(self, i: int) -> set[UOp]:
+        if i not in self.inputs:
+            self.inputs[i] = {view_base(x) for r in self.kernels[i] for x in self.groups[r].leaves}
+        return self.inputs[i]
+
     def _row_kind(self, kernel: list[UOp]) -> tuple[tuple | None, int] | None:
         """(reduction signature or None, element count) of a kernel whose roots, all of one size, are computed (not
         ASSIGN, COPY or CONTIGUOUS) by reductions of one signature, or elementwise (None); None for any other
         kernel."""
         # (an in-place update stays a kernel of its own: what it may read of its target is decided for it alone)
-        if any(r not in self.groups or r.op in _NOT_INLINED for r in kernel):
+        if not kernel or any(r not in self.groups or r.op in _NOT_INLINED for r in kernel):
             return None
         # (each output is stored in the kernel's output shape, the reduced shape: a reshape of it is as good)
         if len(shapes := {max_numel(shape_of(r)) for r in kernel}) != 1:
@@ -149,7 +160,10 @@ class _Merger:
         return True
 
     def _deps(self, i: int) -> set[int]:
-        return {self.home[x] for r in self.kernels[i] for x in self.direct.get(r, ()) if x in self.home} - {i}
+        if i not in self.deps:
+            read = {self.home[x] for r in self.kernels[i] for x in self.direct.get(r, ()) if x in self.home}
+            self.deps[i] = read - {i}
+        return self.deps[i]
 
     def _path_through_other(self, start: int, end: int, direct_too: bool = False) -> bool:
         """Whether kernel `start` needs kernel `end` through some third kernel (or at all, with `direct_too`): merged,
