@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lazygrad_scheduler.kernelize import MOVEMENT, _Group, _root_value, apply_movement, max_numel, view_base
+from lazygrad_scheduler.kernelize import _Group, _root_value, max_numel
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.shape import shape_of
+from lazygrad_uop.tensor_graph import MOVEMENT, apply_movement, view_base
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
