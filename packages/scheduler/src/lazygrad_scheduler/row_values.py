@@ -5,8 +5,8 @@ of the later one, which stores both.
 `kernelize` stores a reduction that another reduction reads broadcast back over its rows (its kernel can't loop over
 a row inside a loop over the same row); each such value then cost a kernel of its own that reads the whole row.
 `merge_row_values` puts the kernel of such a stored value (a *row value*: one element per row, computed from the rows
-by reductions with the same shape and axes, or elementwise from other row values) into the kernel that reads it,
-when every read there is either the row value broadcast along the reduced axes inside a reduction, or the value
+by reductions with the same shape and axes, or elementwise from other row values) into the kernel of a reduction
+that reads it, when every read there is either the row value broadcast along the reduced axes inside a reduction, or the value
 itself (reshaped) in the kernel's output. Codegen (`lazygrad_codegen.lowerer`) then runs the reductions' loops over
 the row one after another in one kernel, on GPUs with the same workgroup per row, each reduction's result broadcast to
 every thread of the row before the next loop.
@@ -109,7 +109,9 @@ class _Merger:
     def _partner(self, i: int) -> int | None:
         """An earlier kernel to merge into kernel `i`: one whose row values it reads, or a sibling."""
         kind = self.kinds[i]
-        if kind is None:
+        # only a kernel with a reduction takes others in: one of elementwise values of rows reads them as it would
+        # read any stored value (a reduction's elementwise consumers stay out of its kernel, as they did)
+        if kind is None or kind[0] is None:
             return None
         read = self._deps(i)
         for j in sorted(read):
@@ -118,8 +120,6 @@ class _Merger:
                 continue
             if not self._path_through_other(i, j) and not self._path_through_other(j, i):
                 return j
-        if kind[0] is None:
-            return None
         for j in self.rows:
             if j >= i:
                 break
