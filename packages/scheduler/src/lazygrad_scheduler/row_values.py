@@ -6,10 +6,10 @@ of the later one, which stores both.
 a row inside a loop over the same row); each such value then cost a kernel of its own that reads the whole row.
 `merge_row_values` puts the kernel of such a stored value (a *row value*: one element per row, computed from the rows
 by reductions with the same shape and axes, or elementwise from other row values) into the kernel of a reduction
-that reads it, when every read there is either the row value broadcast along the reduced axes inside a reduction, or the value
-itself (reshaped) in the kernel's output. Codegen (`lazygrad_codegen.lowerer`) then runs the reductions' loops over
-the row one after another in one kernel, on GPUs with the same workgroup per row, each reduction's result broadcast to
-every thread of the row before the next loop.
+that reads it, when every read there is either the row value broadcast along the reduced axes inside a reduction,
+or the value itself (reshaped) in the kernel's output. Codegen (`lazygrad_codegen.lowerer`) then runs the
+reductions' loops over the row one after another in one kernel, on GPUs with the same workgroup per row, each
+reduction's result broadcast to every thread of the row before the next loop.
 """
 
 from __future__ import annotations
