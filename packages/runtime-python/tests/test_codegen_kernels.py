@@ -133,7 +133,7 @@ def test_elementwise_on_a_gpu_target_moves_16_bytes_per_access(dtype, lanes: int
     stores = {u.src[1].dtype.count for u in spec.uops if u.op is Ops.STORE}
     assert stores == {lanes}
     assert 128 <= spec.local_size[0] <= 512
-    prg = PythonProgram(spec.name, PythonCompiler().compile(spec.src))
+    prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     mems = [memoryview(bytearray(x.tobytes())) for x in (np.zeros_like(a), a, b)]
     prg(*mems, global_size=spec.global_size, local_size=spec.local_size, vals=())
     with np.errstate(over="ignore"):
