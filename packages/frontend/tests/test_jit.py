@@ -5,6 +5,8 @@ un-jitted run of the same code."""
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -186,10 +188,8 @@ class _MLP:
         return self.l2(self.l1(x).relu())
 
 
-def _train(jit: bool, optimizer: type, steps: int = 10) -> tuple[list[float], list[np.ndarray]]:
-    Tensor.manual_seed(3)
-    model = _MLP()
-    opt = optimizer(get_parameters(model), lr=0.05)
+def _training_step(model: _MLP, opt: Any, jit: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """One training step of `model` with `opt` on a batch `(x, y)`, returning the realized loss; jitted or not."""
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         with Tensor.train():
@@ -199,7 +199,13 @@ def _train(jit: bool, optimizer: type, steps: int = 10) -> tuple[list[float], li
             opt.step()
             return loss.realize()
 
-    run = TinyJit(step) if jit else step
+    return TinyJit(step) if jit else step
+
+
+def _train(jit: bool, optimizer: type, steps: int = 10) -> tuple[list[float], list[np.ndarray]]:
+    Tensor.manual_seed(3)
+    model = _MLP()
+    run = _training_step(model, optimizer(get_parameters(model), lr=0.05), jit)
     rng = np.random.default_rng(11)
     x_all = rng.standard_normal((48, 12)).astype(np.float32)
     y_all = (x_all[:, :5].argmax(1)).astype(np.int32)  # a learnable labelling
@@ -216,17 +222,7 @@ def test_twenty_losses_collected_from_a_jitted_step_match_the_unjitted_sequence(
     def losses(jit: bool) -> list[np.ndarray]:
         Tensor.manual_seed(5)
         model = _MLP()
-        opt = SGD(get_parameters(model), lr=0.05)
-
-        def step(x: Tensor, y: Tensor) -> Tensor:
-            with Tensor.train():
-                opt.zero_grad()
-                loss = model(x).sparse_categorical_crossentropy(y)
-                loss.backward()
-                opt.step()
-                return loss.realize()
-
-        run = TinyJit(step) if jit else step
+        run = _training_step(model, SGD(get_parameters(model), lr=0.05), jit)
         rng = np.random.default_rng(2)
         collected = []
         for _ in range(20):
