@@ -31,20 +31,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+from example_modules import example
+
 TARGETS = {"resnet": (8.0, 3.0), "gpt2": (1.5, None), "convnet": (1.5, None)}  # seconds: cold, warm
-
-
-def example(name: str) -> ModuleType:
-    """examples/`name`.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 # *** the workloads: each builds its model and returns the first step as a function ***

@@ -23,38 +23,24 @@ For each model:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 # before lazygrad is imported: compiled kernels from earlier runs must not hide the compile time of the first result
 os.environ.setdefault("CACHEDIR", tempfile.mkdtemp(prefix="lazygrad-bench-"))
 
 import numpy as np
+from example_modules import example
 
 from lazygrad import Tensor
 from lazygrad.engine import CompiledRunner
 from lazygrad_uop.device import MemoryUse
 from lazygrad_uop.registry import Device
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def example(name: str) -> ModuleType:
-    """examples/`name`.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def jit_kernels(jit: Any) -> int:
