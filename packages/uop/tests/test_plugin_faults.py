@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import Any
 
 import pytest
+from uop_stand_ins import NamedRenderer, NullAllocator, NullCompiler, NullProgram
 
 from lazygrad_uop.config import Context
-from lazygrad_uop.device import CompiledDevice, Compiler, LRUAllocator, Program, Renderer
+from lazygrad_uop.device import CompiledDevice
 from lazygrad_uop.plugins import DeviceSpec, hookimpl
 from lazygrad_uop.registry import (
     DeviceRegistry,
@@ -19,35 +19,6 @@ from lazygrad_uop.registry import (
     LazygradPluginWarning,
     PluginRegistrationError,
 )
-
-
-class _Renderer(Renderer):
-    def render(self, uops: list[Any]) -> str:
-        return ""
-
-
-class _Compiler(Compiler):
-    def compile(self, src: str) -> bytes:
-        return src.encode()
-
-
-class _Program(Program):
-    def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> None:
-        return None
-
-
-class _Allocator(LRUAllocator):
-    def _alloc(self, size: int, options: Any) -> Any:
-        return bytearray(size)
-
-    def _free(self, handle: Any, options: Any) -> None:
-        pass
-
-    def _copyin(self, dest: Any, src: memoryview) -> None:
-        dest[:] = src
-
-    def _copyout(self, dest: memoryview, src: Any) -> None:
-        dest[:] = src
 
 
 class FakePlugin:
@@ -59,7 +30,7 @@ class FakePlugin:
 
     def open(self, name: str) -> CompiledDevice:
         self.opened.append(name)
-        return CompiledDevice(name, _Allocator(), _Renderer(), _Compiler(), _Program)
+        return CompiledDevice(name, NullAllocator(), NamedRenderer(""), NullCompiler(), NullProgram)
 
     @hookimpl
     def lazygrad_devices(self) -> list[DeviceSpec]:

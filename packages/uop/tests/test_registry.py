@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from uop_stand_ins import NamedRenderer, NullAllocator, NullCompiler, NullProgram
 
 import lazygrad_uop
 from lazygrad_uop.config import Context
-from lazygrad_uop.device import CompiledDevice, Compiler, LRUAllocator, Program, Renderer, TensorCore
+from lazygrad_uop.device import CompiledDevice, Renderer, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.plugins import DeviceSpec, RendererSpec, TensorCoreSpec, hookimpl
 from lazygrad_uop.registry import (
@@ -33,38 +34,6 @@ from lazygrad_uop.registry import (
 )
 
 NO_ENTRY_POINTS = "lazygrad_tests_no_entry_points"
-
-
-class NamedRenderer(Renderer):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def render(self, uops: list[Any]) -> str:
-        return self.name
-
-
-class NullCompiler(Compiler):
-    def compile(self, src: str) -> bytes:
-        return src.encode()
-
-
-class NullProgram(Program):
-    def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=(1, 1, 1), vals=(), wait=False) -> float | None:
-        return None
-
-
-class NullAllocator(LRUAllocator):
-    def _alloc(self, size: int, options: Any) -> Any:
-        return bytearray(size)
-
-    def _free(self, handle: Any, options: Any) -> None:
-        pass
-
-    def _copyin(self, dest: Any, src: memoryview) -> None:
-        dest[:] = src
-
-    def _copyout(self, dest: memoryview, src: Any) -> None:
-        dest[:] = src
 
 
 class FakePlugin:
