@@ -172,3 +172,33 @@ def test_gradients_property(values: list[float], which: str) -> None:
 )
 def test_pow_gradient_property(values: list[float], e: float) -> None:
     _same(_grad(lambda x: x**e, values), _torch_grad(lambda x: x**e, values), rtol=1e-4)
+
+
+signed_floats = st.one_of(st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan]), st.floats(-8, 8, width=32))
+
+
+@given(
+    st.lists(st.lists(signed_floats, min_size=0, max_size=4), min_size=1, max_size=4),
+    st.sampled_from(["cat", "stack"]),
+    st.sampled_from(DEVICES),
+)
+def test_cat_and_stack_keep_every_bit(parts: list[list[float]], how: str, device: str) -> None:
+    """cat and stack move values, so each result is bit for bit numpy's, signed zeros and infinities included."""
+    if how == "stack":
+        parts = [p[: min(map(len, parts))] for p in parts]
+    arrays = [np.array(p, np.float32).reshape(-1, 1) for p in parts]
+    ts = [Tensor(a, device=device) for a in arrays]
+    ours = (Tensor.cat(ts, dim=0) if how == "cat" else Tensor.stack(ts, dim=1)).numpy()
+    ref = np.concatenate(arrays, 0) if how == "cat" else np.stack(arrays, 1)
+    assert ours.shape == ref.shape
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(ref))
+    np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pad_with_negative_zero(device: str) -> None:
+    x = np.array([1.5, -0.0, 0.0], np.float32)
+    ours = Tensor(x, device=device).pad(((2, 1),), value=-0.0).numpy()
+    ref = torch.nn.functional.pad(torch.tensor(x), (2, 1), value=-0.0).numpy()
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(ref))
+    np.testing.assert_array_equal(ours, ref)

@@ -57,6 +57,15 @@ def test_shard_splits_along_the_axis_and_gathers_back(axis: int | None) -> None:
     assert t.to(DEVS[2]).device == DEVS[2]
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gathering_keeps_signed_zeros(axis: int) -> None:
+    a = np.array([[-0.0, 0.0, 1.5, -0.0], [0.0, -0.0, -np.inf, -0.0]], np.float32)
+    t = Tensor(a).shard(DEVS[:2], axis)
+    for got in (t.numpy(), t.to(DEVS[1]).numpy()):
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(a))
+        np.testing.assert_array_equal(got, a)
+
+
 def test_tensors_made_on_a_tuple_of_devices_are_replicated() -> None:
     t = Tensor([[1, 2], [3, 4]], device=DEVS2)
     assert t.device == DEVS2 and t.shard_axis is None

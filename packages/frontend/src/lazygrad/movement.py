@@ -182,9 +182,16 @@ class MovementMixin:
             pad = [(0, 0)] * t.ndim
             pad[d] = (offset, _simplified(total - offset - t.shape[d]))
             offset = _simplified(offset + t.shape[d])
-            piece = t.pad(pad)
-            # each position is covered by exactly one piece, the others add zeros (bools: or)
-            out = piece if out is None else out + piece if dt != dtypes.bool else out.logical_or(piece)
+            pairs = tuple(pad)
+            piece = t._padded(pairs)
+            # each position is covered by exactly one piece: later pieces select their own range over what came
+            # before (adding zero-padded pieces instead would turn -0.0 into +0.0; a padded-away region may hold
+            # anything, since a later piece always covers it)
+            if out is None:
+                out = piece
+            else:
+                inside = type(t).full(t.shape, True, dtype=dtypes.bool, device=t.device)._padded(pairs)
+                out = inside.where(piece, out)
         assert out is not None
         return out
 

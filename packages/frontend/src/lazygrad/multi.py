@@ -31,7 +31,7 @@ from typing import Any
 from lazygrad.errors import InputError
 from lazygrad.gradient import compute_gradient
 from lazygrad_uop.config import ContextVar
-from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
 from lazygrad_uop.registry import shares_host_memory
@@ -91,14 +91,18 @@ def _pad_axis(u: UOp, axis: int, before: int, after: int) -> UOp:
 
 
 def _concat(parts: Sequence[UOp], axis: int) -> UOp:
-    """`parts` (on one device) joined along `axis`: each padded to the whole with zeros, then summed (or, for bools,
-    or-ed), which a kernel fuses into one pass that reads each part where it lies."""
+    """`parts` (on one device) joined along `axis`: each padded to the whole, each later one selected over what came
+    before in its own range, which a kernel fuses into one pass that reads each part where it lies. (Summing
+    zero-padded parts would turn -0.0 into +0.0.)"""
     sizes = [shape_of(p)[axis] for p in parts]
     total, out, start = sum(sizes), None, 0
-    combine = Ops.OR if parts[0].dtype == dtypes.bool else Ops.ADD
     for p, n in zip(parts, sizes):
         padded = _pad_axis(p, axis, start, total - start - n)
-        out = padded if out is None else out.alu(combine, padded)
+        if out is None:
+            out = padded
+        else:
+            inside = _pad_axis(_full_like(p, True, dtypes.bool), axis, start, total - start - n)
+            out = UOp(Ops.WHERE, out.dtype, (inside, padded, out))
         start += n
     assert out is not None
     return out
@@ -356,11 +360,16 @@ def needs_lowering(u: UOp) -> bool:
 # *** autograd ***
 
 
+def _full_like(u: UOp, value: Any, dtype: DType | None = None) -> UOp:
+    """A broadcast constant `value` (of `dtype`, by default `u`'s) with `u`'s shape on `u`'s device."""
+    shape, dt = shape_of(u), dtype or u.dtype
+    c = UOp(Ops.CONST, dt, (UOp(Ops.DEVICE, arg=device_of(u)),), dtypes.as_const(value, dt))
+    c = UOp(Ops.RESHAPE, dt, (c,), (1,) * len(shape)) if shape else c
+    return UOp(Ops.EXPAND, dt, (c,), shape) if shape and any(d != 1 for d in shape) else c
+
+
 def _zeros_like(u: UOp) -> UOp:
-    shape = shape_of(u)
-    c = UOp(Ops.CONST, u.dtype, (UOp(Ops.DEVICE, arg=device_of(u)),), dtypes.as_const(0, u.dtype))
-    c = UOp(Ops.RESHAPE, u.dtype, (c,), (1,) * len(shape)) if shape else c
-    return UOp(Ops.EXPAND, u.dtype, (c,), shape) if shape and any(d != 1 for d in shape) else c
+    return _full_like(u, 0)
 
 
 def compute_gradient_multi(

@@ -801,7 +801,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if all(isinstance(b, int) and isinstance(a, int) and b == a == 0 for b, a in pairs):
             return self
         out = self._padded(pairs)
-        if value == 0 and not _nonzero_at_zero(self.uop):
+        if value == 0 and math.copysign(1.0, value) > 0 and not _nonzero_at_zero(self.uop):
             return out
         # the padding of a fused kernel evaluates the padded expression with its inputs read as 0: right for most
         # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly
