@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError
+from lazygrad_codegen.vectors import vector_rules
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -256,14 +257,16 @@ def _evaluate(f: UOp, r: UOp, start: int, stop: int) -> np.ndarray | None:
     return np.broadcast_to(env[f], (stop - start,))
 
 
+# combined once: combining matchers inspects every rule
+_index_rules = symbolic + vector_rules
+
+
 def affine_fit(f: UOp, r: UOp, n: int) -> tuple[int, int] | None:
     """(s, c) with f(r) == s*r + c for every r in [0, n) and s != 0, where `f` is index math of RANGE `r` alone;
     None when it is not such a function (or n is too big to check)."""
     if n < 1 or n > MAX_CHECKED:
         return None
-    from lazygrad_codegen.vectors import vector_rules
-
-    f = graph_rewrite(f, symbolic + vector_rules, name="selection index")
+    f = graph_rewrite(f, _index_rules, name="selection index")
     if (first := _evaluate(f, r, 0, min(n, 2))) is None:
         return None
     c = int(first[0])
