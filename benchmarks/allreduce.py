@@ -4,8 +4,9 @@
    replay of its kernels) against a numpy copy of the same bytes, timed alternately. Bandwidth = bytes per device /
    time. The CPU devices read each other's memory in place, so an all-reduce whose results are all returned is one
    kernel reading each input once and writing each output once: n times a copy's bytes.
-2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors against
-   mpi4py's own numpy Allreduce of the same arrays, alternating, median of each.
+2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors (making a
+   new output tensor per call, and writing into a reused one with `out=`) against mpi4py's own numpy Allreduce of
+   the same arrays into a reused array, alternating, median of each.
 3. Training throughput (samples/s) of examples/train_digits_dp.py over MPI with 1 and 2 ranks at the same per-rank
    batch.
 
@@ -90,14 +91,20 @@ group, comm = MPIProcessGroup(), MPI.COMM_WORLD
 rows = []
 for mb in sizes:
     a = np.random.default_rng(comm.rank).standard_normal(mb * 2**20 // 4).astype(np.float32)
-    t, recv = Tensor(a).realize(), np.empty_like(a)
+    t, recv, o = Tensor(a).realize(), np.empty_like(a), Tensor.empty(a.size)
     ref = np.empty_like(a); comm.Allreduce(a, ref)
     np.testing.assert_allclose(group.all_reduce(t).numpy(), ref, rtol=1e-6)
-    ours, theirs = [], []
-    for _ in range(runs + 1):  # alternate, so both see the same machine load
-        comm.Barrier(); st = time.perf_counter(); comm.Allreduce(a, recv); theirs.append(time.perf_counter() - st)
-        comm.Barrier(); st = time.perf_counter(); group.all_reduce(t); ours.append(time.perf_counter() - st)
-    rows.append((mb, statistics.median(ours[1:]), statistics.median(theirs[1:])))
+    np.testing.assert_allclose(group.all_reduce(t, out=o).numpy(), ref, rtol=1e-6)
+    fns = {
+        "mpi4py": lambda: comm.Allreduce(a, recv),
+        "new tensor": lambda: group.all_reduce(t),
+        "out=": lambda: group.all_reduce(t, out=o),  # a reused output, as mpi4py's recv is
+    }
+    times = {k: [] for k in fns}
+    for _ in range(runs * max(1, 16 // mb) + 1):  # alternate, so all see the same load; more runs of small sizes
+        for k, fn in fns.items():
+            comm.Barrier(); st = time.perf_counter(); fn(); times[k].append(time.perf_counter() - st)
+    rows.append((mb, {k: statistics.median(ts[1:]) for k, ts in times.items()}))
 if comm.rank == 0:
     json.dump(rows, open(out, "w"))
 """
@@ -109,7 +116,8 @@ def _mpirun() -> str | None:
 
 
 def mpi(runs: int, mpirun: str) -> list[tuple[str, float, float]]:
-    """(case, GB/s of lazygrad's all_reduce, GB/s of mpi4py's numpy Allreduce) with 2 ranks."""
+    """(case, GB/s of lazygrad's all_reduce, GB/s of mpi4py's numpy Allreduce) with 2 ranks: all_reduce making a
+    new tensor per call, and writing into a reused one (`out=`, as the mpi4py call writes into a reused array)."""
     with tempfile.TemporaryDirectory() as tmp:
         script, out = Path(tmp) / "worker.py", Path(tmp) / "out.json"
         script.write_text(MPI_WORKER)
@@ -117,7 +125,11 @@ def mpi(runs: int, mpirun: str) -> list[tuple[str, float, float]]:
         cmd = [mpirun, "-n", "2", sys.executable, str(script), str(runs), sizes, str(out)]
         subprocess.run(cmd, check=True, timeout=600, env={**os.environ, "CPU_THREADS": "1"})
         rows = json.loads(out.read_text())
-    return [(f"2 ranks, {mb} MB", mb * 2**20 / ours / 1e9, mb * 2**20 / theirs / 1e9) for mb, ours, theirs in rows]
+    return [
+        (f"2 ranks, {mb} MB, {case}", mb * 2**20 / s[case] / 1e9, mb * 2**20 / s["mpi4py"] / 1e9)
+        for mb, s in rows
+        for case in ("new tensor", "out=")
+    ]
 
 
 def throughput(mpirun: str, steps: int, per_rank: int) -> list[tuple[int, float, float]]:
@@ -141,21 +153,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="training steps of the throughput rows")
     parser.add_argument("--per-rank-batch", type=int, default=64)
     args = parser.parse_args()
-    print(f"{'in-process all-reduce':28s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s}")
+    print(f"{'in-process all-reduce':34s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s}")
     for case, ours, ref in in_process(args.runs):
-        print(f"{case:28s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
+        print(f"{case:34s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
     if args.skip_mpi:
         return
     if (mpirun := _mpirun()) is None:
         print("no mpirun here: `pip install mpich` for the MPI rows")
         return
-    print(f"\n{'MPI all-reduce':28s} {'GB/s':>8s} {'mpi4py numpy GB/s':>16s} {'ratio':>7s}")
+    print(f"\n{'MPI all-reduce':34s} {'GB/s':>8s} {'mpi4py numpy GB/s':>16s} {'ratio':>7s}")
     for case, ours, ref in mpi(args.runs, mpirun):
-        print(f"{case:28s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
-    print(f"\n{'data-parallel training':28s} {'samples/s':>10s} {'vs 1 rank':>10s} {'last loss':>10s}")
+        print(f"{case:34s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
+    print(f"\n{'data-parallel training':34s} {'samples/s':>10s} {'vs 1 rank':>10s} {'last loss':>10s}")
     rows = throughput(mpirun, args.steps, args.per_rank_batch)
     for n, rate, loss in rows:
-        print(f"{f'{n} rank(s), {args.per_rank_batch}/rank':28s} {rate:10.0f} {rate / rows[0][1]:10.2f} {loss:10.3f}")
+        print(f"{f'{n} rank(s), {args.per_rank_batch}/rank':34s} {rate:10.0f} {rate / rows[0][1]:10.2f} {loss:10.3f}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,17 @@ def check_collectives(group: object) -> dict[str, object]:
             got = group.all_reduce(mine, op).numpy()  # type: ignore[attr-defined]
             np.testing.assert_allclose(got, ref, rtol=1e-6)
             checked.append(f"all_reduce {op} {np.dtype(dtype).name}")
+        # into a reused output tensor, then in place (the input is its own output); exact for int32
+        check = np.testing.assert_array_equal if dtype == np.int32 else np.testing.assert_allclose
+        out = Tensor.empty(*mine.shape, dtype=mine.dtype)
+        for op, ref in (("sum", stacked.sum(0)), ("max", stacked.max(0))):
+            assert group.all_reduce(mine, op, out=out) is out  # type: ignore[attr-defined]
+            check(out.numpy(), ref)
+        np.testing.assert_array_equal(mine.numpy(), data[rank])
+        in_place = Tensor(data[rank]) * 1  # still to compute: all_reduce realizes it, then reduces its memory
+        assert group.all_reduce(in_place, "sum", out=in_place) is in_place  # type: ignore[attr-defined]
+        check(in_place.numpy(), stacked.sum(0))
+        checked += [f"all_reduce out= {np.dtype(dtype).name}", f"all_reduce in place {np.dtype(dtype).name}"]
         np.testing.assert_array_equal(group.broadcast(mine, world - 1).numpy(), data[world - 1])  # type: ignore[attr-defined]
         for axis in (0, 1):
             gathered = group.all_gather(mine, axis).numpy()  # type: ignore[attr-defined]

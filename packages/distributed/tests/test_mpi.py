@@ -48,6 +48,9 @@ def test_collectives_match_numpy_on_every_rank(n: int, tmp_path: Path) -> None:
     results = _run(n, "collectives", tmp_path)
     assert [r["rank"] for r in results] == list(range(n)) and all(r["world"] == n for r in results)
     assert all("reduce_scatter" in r["checked"] and "all_reduce sum int32" in r["checked"] for r in results)
+    assert all(
+        "all_reduce in place int32" in r["checked"] and "all_reduce out= float32" in r["checked"] for r in results
+    )
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -89,6 +92,30 @@ def test_single_rank_group_and_argument_errors() -> None:
     np.testing.assert_allclose(p.grad.numpy(), 2 * a)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="bucket_bytes"):
         DataParallel([p], group, bucket_bytes=0)
+
+
+def test_all_reduce_into_out_checks_it() -> None:
+    """`out=` takes a whole buffer of the input's shape, dtype and device (a new or reused tensor, or the input
+    itself); anything else is refused with the way to make one, and the output is left as it was."""
+    group = MPIProcessGroup()
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    t = Tensor(a)
+    out = Tensor.full((3, 4), 7, dtype=t.dtype).realize()
+    for bad, match in (
+        (Tensor.empty(4, 3, dtype=t.dtype), "Tensor.empty"),
+        (Tensor.empty(3, 4), "Tensor.empty"),
+        (Tensor.empty(3, 4, dtype=t.dtype, device="CPU:1"), "Tensor.empty"),
+        (out.T.T, "own memory"),
+        (a, "must be a Tensor"),
+    ):
+        with pytest.raises(CollectiveError, match=match):
+            group.all_reduce(t, out=bad)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(out.numpy(), np.full((3, 4), 7))
+    assert group.all_reduce(t, "max", out=out) is out
+    np.testing.assert_array_equal(out.numpy(), a)  # one rank: the reduction is the input
+    f = Tensor(a.astype(np.float32)).realize()
+    group.all_reduce(f, "avg", out=f)
+    np.testing.assert_array_equal(f.numpy(), a.astype(np.float32))
 
 
 def test_buckets_send_the_last_parameters_first() -> None:

@@ -8,7 +8,15 @@ from typing import Any
 import numpy as np
 
 from lazygrad import Tensor
-from lazygrad_distributed.process_group import CollectiveError, ProcessGroup, check_op, host_array, output_tensor
+from lazygrad_distributed.process_group import (
+    CollectiveError,
+    ProcessGroup,
+    check_op,
+    host_array,
+    output_into,
+    output_tensor,
+    whole_buffer,
+)
 
 
 def _mpi() -> Any:
@@ -29,18 +37,27 @@ class MPIProcessGroup(ProcessGroup):
         self.MPI = _mpi()
         self.comm = comm if comm is not None else self.MPI.COMM_WORLD
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        self._ops = {"sum": self.MPI.SUM, "avg": self.MPI.SUM, "prod": self.MPI.PROD, "max": self.MPI.MAX}
 
     def _op(self, op: str) -> Any:
-        return {"sum": self.MPI.SUM, "avg": self.MPI.SUM, "prod": self.MPI.PROD, "max": self.MPI.MAX}.get(
-            op, self.MPI.MIN
-        )
+        return self._ops.get(op, self.MPI.MIN)
 
-    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
-        """The reduction (`sum`, `prod`, `max`, `min`, `avg`) of every rank's `t`, on every rank."""
+    def all_reduce(self, t: Tensor, op: str = "sum", out: Tensor | None = None) -> Tensor:
+        """The reduction (`sum`, `prod`, `max`, `min`, `avg`) of every rank's `t`, on every rank: a new tensor, or
+        written into `out` and `out` returned. Giving `out` (a buffer reused from call to call, or `t` itself, which
+        is reduced in place) saves making a tensor per call, which costs as much as reducing tens of kilobytes."""
+        if out is t and whole_buffer(t) is None:
+            t.realize()  # still to compute: into memory of its own, which the result then overwrites
         src = host_array(t)
         check_op(op, src.dtype)
-        out, dest, done = output_tensor(t.shape, t)
-        self.comm.Allreduce(src, dest, op=self._op(op))
+        if out is None:
+            out, dest, done = output_tensor(t.shape, t)
+        else:
+            dest, done = output_into(out, t)
+        if dest.ctypes.data == src.ctypes.data:  # `t` is `out`: MPI reads and writes the one buffer
+            self.comm.Allreduce(self.MPI.IN_PLACE, dest, op=self._op(op))
+        else:
+            self.comm.Allreduce(src, dest, op=self._op(op))
         if op == "avg":
             dest /= self.world_size
         done()

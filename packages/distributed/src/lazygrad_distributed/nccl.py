@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any
 
 from lazygrad import Tensor
-from lazygrad_distributed.process_group import CollectiveError, ProcessGroup, check_op
+from lazygrad_distributed.process_group import CollectiveError, ProcessGroup, check_op, out_buffer
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.registry import Device
 
@@ -157,10 +157,14 @@ class NCCLProcessGroup(ProcessGroup):
         buf, _ = out._buffer_view()
         return out, buf.handle.ptr
 
-    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
-        """The reduction of every rank's `t` on every rank, GPU to GPU."""
+    def all_reduce(self, t: Tensor, op: str = "sum", out: Tensor | None = None) -> Tensor:
+        """The reduction of every rank's `t` on every rank, GPU to GPU: a new tensor, or written into `out` (a whole
+        buffer of `t`'s shape and dtype on this group's device; `t` itself reduces in place) and `out` returned."""
         check_op(op, "float32" if dtypes.is_float(t.dtype) else "int32")
-        out, dest = self._out(t.shape, t)
+        if out is None:
+            out, dest = self._out(t.shape, t)
+        else:
+            dest = out_buffer(out, t).handle.ptr
         self.nccl.check(
             self.nccl.lib.ncclAllReduce(
                 self._ptr(t), dest, t.numel(), nccl_dtype(t.dtype), NCCL_OPS[op], self.comm, self._stream()

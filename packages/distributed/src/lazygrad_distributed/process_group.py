@@ -34,7 +34,7 @@ def check_op(op: str, dtype: object) -> None:
         raise CollectiveError(f"an 'avg' all-reduce needs a floating-point tensor, got {dtype}; cast it first")
 
 
-def _whole_buffer(t: Tensor) -> Buffer | None:
+def whole_buffer(t: Tensor) -> Buffer | None:
     """The buffer that tensor `t` is, all of it in order, when `t` is nothing more (nothing to compute, no view)."""
     u = t.uop
     if u.op is not Ops.VIEW or not u.src or u.src[0].op is not Ops.BUFFER:
@@ -59,7 +59,7 @@ def host_array(t: Tensor) -> np.ndarray:
         )
     # a realized tensor that is a whole buffer is read where it lies; going through Tensor.numpy would schedule it
     # again, which costs more than an all-reduce of a megabyte
-    buf = _whole_buffer(t)
+    buf = whole_buffer(t)
     if buf is not None and buf.is_allocated and (view := _host_memory(buf, t.shape)) is not None:
         index_checks.verify(t)  # a read synchronises: pending index checks raise here, as Tensor.numpy's do
         view.flags.writeable = False
@@ -72,13 +72,46 @@ def output_tensor(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, np.ndar
     communication library fills, and the function to call once it has: where the device's memory is host memory the
     array *is* that memory (nothing to do), else a host array copied in."""
     out = Tensor.empty(*shape, dtype=like.dtype, device=like.device)
-    buf = _whole_buffer(out)
+    buf = whole_buffer(out)
     assert buf is not None, "Tensor.empty is a whole buffer"
     buf.allocate()
     if (view := _host_memory(buf, shape)) is not None:
         return out, view, lambda: None
     host = np.empty(shape, dtype=to_numpy_dtype(like.dtype))
     return out, host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
+
+
+def out_buffer(out: Tensor, like: Tensor) -> Buffer:
+    """The allocated buffer of `out`, a tensor given to a collective to be overwritten with its result (reused
+    across calls, or the input itself), checked: it must be a whole buffer (`Tensor.empty(...)`, or a realized
+    tensor that is not a view) of `like`'s shape, dtype and device."""
+    if not isinstance(out, Tensor):
+        raise CollectiveError(f"out must be a Tensor, got {type(out).__name__}")
+    if (out.shape, out.dtype, out.device) != (like.shape, like.dtype, like.device):
+        raise CollectiveError(
+            f"out is {out.shape} {out.dtype!r} on {out.device}, the result is {like.shape} {like.dtype!r} on "
+            f"{like.device}; make it with Tensor.empty(*t.shape, dtype=t.dtype, device=t.device)"
+        )
+    buf = whole_buffer(out)
+    if buf is None:
+        raise CollectiveError(
+            "out must be a tensor with its own memory (Tensor.empty, or a realized tensor that is not a view); "
+            "realize it with .contiguous().realize() first"
+        )
+    return buf if buf.is_allocated else buf.allocate()
+
+
+def output_into(out: Tensor, like: Tensor) -> tuple[np.ndarray, Callable[[], None]]:
+    """A writable numpy array that the communication library fills with the result for `out` (checked by
+    `out_buffer`), and the function to call once it has.
+
+    The write lands in `out`'s memory at once, as `out.assign(result).realize()` would: lazy tensors computed from
+    `out` and not yet realized see the new values."""
+    buf = out_buffer(out, like)
+    if (view := _host_memory(buf, out.shape)) is not None:
+        return view, lambda: None
+    host = np.empty(out.shape, dtype=to_numpy_dtype(out.dtype))
+    return host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
 
 
 class ProcessGroup(abc.ABC):
@@ -89,8 +122,9 @@ class ProcessGroup(abc.ABC):
     world_size: int
 
     @abc.abstractmethod
-    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
-        """The reduction (`sum`, `prod`, `max`, `min`, `avg`) of every rank's `t`, on every rank."""
+    def all_reduce(self, t: Tensor, op: str = "sum", out: Tensor | None = None) -> Tensor:
+        """The reduction (`sum`, `prod`, `max`, `min`, `avg`) of every rank's `t`, on every rank: a new tensor, or
+        written into `out` (see `output_into`; `t` itself for an in-place all-reduce) and `out` returned."""
 
     @abc.abstractmethod
     def broadcast(self, t: Tensor, root: int = 0) -> Tensor:
