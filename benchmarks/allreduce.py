@@ -1,9 +1,12 @@
 """All-reduce bandwidth and data-parallel throughput, each against a reference measured in the same run.
 
 1. In one process, between CPU:0..N-1: the ring and the direct all-reduce (captured with TinyJit, so a call is the
-   replay of its kernels) against a numpy copy of the same bytes, timed alternately. Bandwidth = bytes per device /
-   time. The CPU devices read each other's memory in place, so an all-reduce whose results are all returned is one
-   kernel reading each input once and writing each output once: n times a copy's bytes.
+   replay of its kernels) against a numpy copy of the same bytes, timed alternately; "(chosen)" marks the one
+   `all_reduce` picks by itself at that size. Bandwidth = bytes per device / time. The CPU devices read each
+   other's memory in place, so the direct all-reduce whose results are all returned is one kernel reading each
+   input once and writing each output once: n times a copy's memory traffic (the ring, whose chunks are written
+   and read once more, (3n + 1) / 2 times); the last column is the ratio times that: the speed per byte moved,
+   against the copy's.
 2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors (making a
    new output tensor per call, and writing into a reused one with `out=`) against mpi4py's own numpy Allreduce of
    the same arrays into a reused array, alternating, median of each.
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from lazygrad import Context, Tensor, TinyJit
-from lazygrad.multi import all_reduce, multi
+from lazygrad.multi import all_reduce, multi, ring_chosen
 from lazygrad_uop.ops import Ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,8 +56,9 @@ def alternating_medians(fns: Sequence[Callable[[], object]], runs: int) -> list[
     return [statistics.median(ts) for ts in times]
 
 
-def in_process(runs: int) -> list[tuple[str, float, float]]:
-    """(case, GB/s of the all-reduce, GB/s of numpy copying the same bytes) per device count, algorithm and size."""
+def in_process(runs: int) -> list[tuple[str, float, float, float]]:
+    """(case, GB/s of the all-reduce, GB/s of numpy copying the same bytes, copies' worth of memory traffic) per
+    device count, algorithm and size."""
     rows = []
     rng = np.random.default_rng(0)
     for n in (2, 4):
@@ -64,6 +68,7 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
             data = rng.standard_normal((n, m)).astype(np.float32)
             x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
             src, dst = data[0].copy(), np.empty_like(data[0])
+            chosen = ring_chosen(list(x.uop.src))
             for algo, ring in (("ring", True), ("direct", False)):
 
                 @TinyJit
@@ -76,7 +81,9 @@ def in_process(runs: int) -> list[tuple[str, float, float]]:
                     seconds, copy_s = alternating_medians(
                         [lambda reduce=reduce, x=x: reduce(x), lambda dst=dst, src=src: np.copyto(dst, src)], runs
                     )
-                rows.append((f"{n} devices, {algo}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9))
+                mark = " (chosen)" if ring == chosen else ""
+                moved = (3 * n + 1) / 2 if ring else n
+                rows.append((f"{n} devices, {algo}{mark}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9, moved))
     return rows
 
 
@@ -153,9 +160,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="training steps of the throughput rows")
     parser.add_argument("--per-rank-batch", type=int, default=64)
     args = parser.parse_args()
-    print(f"{'in-process all-reduce':34s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s}")
-    for case, ours, ref in in_process(args.runs):
-        print(f"{case:34s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f}")
+    print(f"{'in-process all-reduce':34s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s} {'per byte moved':>15s}")
+    for case, ours, ref, moved in in_process(args.runs):
+        print(f"{case:34s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f} {ours / ref * moved:15.2f}")
     if args.skip_mpi:
         return
     if (mpirun := _mpirun()) is None:

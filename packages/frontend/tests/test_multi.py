@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lazygrad import Tensor, TinyJit, nn
 from lazygrad.engine import BufferCopy
 from lazygrad.jit import _GraphStep
-from lazygrad.multi import MultiDeviceError, all_reduce, multi
+from lazygrad.multi import MultiDeviceError, all_reduce, multi, ring_chosen
 from lazygrad.nn.optim import SGD, Adam
 from lazygrad.nn.state import get_parameters
 from lazygrad_uop.config import Context
@@ -156,8 +156,10 @@ def test_float_all_reduce_copies_agree_bit_for_bit() -> None:
         np.testing.assert_allclose(got[0], t.numpy().sum(0), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("n", "ring"), [(2, False), (4, False), (3, True)])
-def test_cpu_all_reduce_reads_each_input_once_and_writes_each_output_once(n: int, ring: bool) -> None:
+@pytest.mark.parametrize(("n", "ring"), [(2, False), (4, False), (3, True), (4, None)])
+def test_cpu_all_reduce_reads_each_input_once_and_writes_each_output_once(n: int, ring: bool | None) -> None:
+    """ring=None: the choice by size, which for devices sharing the host's memory is the direct one at any size
+    (here above RING_MIN_BYTES, where devices that copy bytes take the ring)."""
     if not all(d.startswith("CPU") for d in DEVS):
         pytest.skip("only devices that share the host's memory read each other's buffers in place")
     devices, data = DEVS[:n], floats(n, 999)
@@ -167,8 +169,9 @@ def test_cpu_all_reduce_reads_each_input_once_and_writes_each_output_once(n: int
         return Tensor(multi(all_reduce(Ops.ADD, list(t.uop.src), ring=ring), None)).realize()
 
     x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
-    for _ in range(3):
-        got = parts(reduce(x))
+    with Context(RING_MIN_BYTES=0):
+        for _ in range(3):
+            got = parts(reduce(x))
     assert all(np.array_equal(got[0], g) for g in got[1:])  # the replicas are the same bits
     np.testing.assert_allclose(got[0], data.sum(0), rtol=1e-5, atol=1e-5)
     assert not any(isinstance(ei.runner, BufferCopy) for ei in reduce.jit_cache)
@@ -180,6 +183,21 @@ def test_cpu_all_reduce_reads_each_input_once_and_writes_each_output_once(n: int
         assert {b.device for b in gather.bufs} == set(devices) and len(gather.bufs) == 2 * n
     else:  # one kernel: every input read once, every replica written once
         assert len(reduce.jit_cache) == 1 and reduce.jit_cache[0].cost({})[1] == 2 * n * data[0].nbytes
+
+
+def test_the_ring_is_chosen_by_size_between_devices_that_copy_bytes() -> None:
+    """Above RING_MIN_BYTES per device the ring, at or below it the direct all-reduce; devices that read each
+    other's memory in place (CPU:N) always the direct one. Both agree with numpy either way."""
+    data = [ints(250) for _ in range(4)]  # 1000 bytes per device
+    for devices, in_place in ((("CPU", "CPU:1", "CPU:2", "CPU:3"), True), (("PYTHON", "PYTHON:1", "PYTHON:2"), False)):
+        srcs = [Tensor(d, device=dev).uop for d, dev in zip(data, devices)]
+        for bound in (0, 999, 1000, 1 << 20):
+            with Context(RING_MIN_BYTES=bound):
+                assert ring_chosen(srcs) == (not in_place and 1000 > bound)
+                out = Tensor(multi(all_reduce(Ops.ADD, srcs), None))
+                for p in parts(out):
+                    np.testing.assert_array_equal(p, np.sum(data[: len(devices)], axis=0))
+    assert not ring_chosen(srcs[:1])
 
 
 # *** matmul ***

@@ -11,7 +11,8 @@ nothing new. What needs more than one op per part:
   device copies in the pieces it needs from every other);
 - a reduction across the sharded axis is a partial reduction per device and an all-reduce (`all_reduce`): direct
   (each device adds every other's partial, in one order so the copies agree bit for bit) for small tensors, a ring
-  (reduce-scatter, then all-gather, moving 2(n-1)/n of the bytes per device) for large ones. Devices that share the
+  (reduce-scatter, then all-gather, moving 2(n-1)/n of the bytes per device) for large ones between devices that
+  copy bytes; devices that read each other's memory always go direct (see `ring_chosen`). Devices that share the
   host's memory (CPU:0, CPU:1, ...) read each other's buffers in place (the scheduler turns a COPY between them into a
   load), so there no bytes are copied: the direct all-reduce is one kernel per device that reads every partial where
   it lies, and the ring a reduce-scatter kernel per chunk (each element added once) and one gathering kernel per
@@ -168,19 +169,28 @@ def reshard(u: UOp, axis: int | None) -> UOp:
 
 def all_reduce(op: Ops, parts: Sequence[UOp], ring: bool | None = None) -> list[UOp]:
     """`op` (ADD, MUL or MAX) over `parts` (one per device), the result on every device, in device order. `ring`
-    picks the algorithm; None chooses by size (direct up to RING_MIN_BYTES per device, ring above)."""
+    picks the algorithm; None chooses by size and placement (`ring_chosen`)."""
     n = len(parts)
     if n == 1:
         return list(parts)
-    nbytes = math.prod(shape_of(parts[0])) * parts[0].dtype.itemsize
-    in_place = _share_memory([device_of(p) for p in parts])  # type: ignore[misc]
     if ring is None:
-        # read in place, the direct all-reduce of 2 devices moves fewer bytes than the ring (3 units per device
-        # against 3.5); from 3 devices on the ring moves fewer (its reads grow with n, the direct one's with n**2)
-        ring = nbytes > RING_MIN_BYTES.value and (not in_place or n > 2)
+        ring = ring_chosen(parts)
     if not ring:
         return _direct_all_reduce(op, parts)
+    in_place = _share_memory([device_of(p) for p in parts])  # type: ignore[misc]
     return _in_place_ring_all_reduce(op, parts) if in_place else _ring_all_reduce(op, parts)
+
+
+def ring_chosen(parts: Sequence[UOp]) -> bool:
+    """Whether `all_reduce(op, parts)` takes the ring: for more than RING_MIN_BYTES per device, between devices that
+    copy bytes to each other. Devices that read each other's memory in place (CPU:0, CPU:1, ...) always take the
+    direct one: realized together, its n replicas (the same sum of the same buffers) are one kernel that reads each
+    input once and writes each replica once (2n units of memory traffic per element), the least an all-reduce with n
+    outputs can do; the ring's chunk kernels and gathering kernel also write and read the reduced chunks (3n + 1
+    units), in n + 1 launches."""
+    if len(parts) == 1 or _share_memory([device_of(p) for p in parts]):  # type: ignore[misc]
+        return False
+    return math.prod(shape_of(parts[0])) * parts[0].dtype.itemsize > RING_MIN_BYTES.value
 
 
 def _share_memory(devices: Sequence[str]) -> bool:
