@@ -64,7 +64,7 @@ def test_single_rank_all_reduce_on_a_gpu(lib: nccl.NCCLLibrary) -> None:
     out = Tensor.empty(3, 4, device=group.device)
     assert group.all_reduce(t, "max", out=out) is out  # into a reused output; one rank: the input itself
     np.testing.assert_array_equal(out.numpy(), a)
-    with pytest.raises(nccl.CollectiveError, match="Tensor.empty"):
+    with pytest.raises(nccl.CollectiveError, match=r"Tensor\.empty"):
         group.all_reduce(t, out=Tensor.empty(4, 3, device=group.device))
     np.testing.assert_array_equal(group.all_gather(t, 1).numpy(), a)
     np.testing.assert_array_equal(group.broadcast(t).numpy(), a)
