@@ -56,6 +56,14 @@ def alternating_medians(fns: Sequence[Callable[[], object]], runs: int) -> list[
     return [statistics.median(ts) for ts in times]
 
 
+def _jitted_all_reduce(ring: bool) -> Callable[[Tensor], Tensor]:
+    @TinyJit
+    def reduce(t: Tensor) -> Tensor:
+        return Tensor(multi(all_reduce(Ops.ADD, list(t.uop.src), ring=ring), None)).realize()
+
+    return reduce
+
+
 def in_process(runs: int) -> list[tuple[str, float, float, float]]:
     """(case, GB/s of the all-reduce, GB/s of numpy copying the same bytes, copies' worth of memory traffic) per
     device count, algorithm and size."""
@@ -69,22 +77,20 @@ def in_process(runs: int) -> list[tuple[str, float, float, float]]:
             x = Tensor.from_shards([Tensor(data[i], device=d) for i, d in enumerate(devices)], 0).realize()
             src, dst = data[0].copy(), np.empty_like(data[0])
             chosen = ring_chosen(list(x.uop.src))
-            for algo, ring in (("ring", True), ("direct", False)):
-
-                @TinyJit
-                def reduce(t: Tensor, ring: bool = ring) -> Tensor:
-                    return Tensor(multi(all_reduce(Ops.ADD, list(t.uop.src), ring=ring), None)).realize()
-
-                with Context(RING_MIN_BYTES=0):
-                    out = reduce(x)
-                    np.testing.assert_allclose(out.numpy(), data.sum(0), rtol=1e-4, atol=1e-4)
-                    seconds, copy_s = alternating_medians(
-                        [lambda reduce=reduce, x=x: reduce(x), lambda dst=dst, src=src: np.copyto(dst, src)],
-                        runs * max(1, 16 // mb),  # small sizes are quick to time and the noisiest: more runs
-                    )
+            algos = (("ring", True), ("direct", False))
+            reduces = [_jitted_all_reduce(ring) for _, ring in algos]
+            with Context(RING_MIN_BYTES=0):
+                for reduce in reduces:
+                    np.testing.assert_allclose(reduce(x).numpy(), data.sum(0), rtol=1e-4, atol=1e-4)
+                # both algorithms and the copy timed in turn, so that all three see the same machine load
+                *seconds, copy_s = alternating_medians(
+                    [*(lambda r=r, x=x: r(x) for r in reduces), lambda dst=dst, src=src: np.copyto(dst, src)],
+                    runs * max(1, 16 // mb),  # small sizes are quick to time and the noisiest: more runs
+                )
+            for (algo, ring), s in zip(algos, seconds):
                 mark = " (chosen)" if ring == chosen else ""
                 moved = (3 * n + 1) / 2 if ring else n
-                rows.append((f"{n} devices, {algo}{mark}, {mb} MB", m * 4 / seconds / 1e9, m * 4 / copy_s / 1e9, moved))
+                rows.append((f"{n} devices, {algo}{mark}, {mb} MB", m * 4 / s / 1e9, m * 4 / copy_s / 1e9, moved))
     return rows
 
 
