@@ -48,6 +48,8 @@ def check_collectives(group: object) -> dict[str, object]:
         in_place = Tensor(data[rank]) * 1  # still to compute: all_reduce realizes it, then reduces its memory
         assert group.all_reduce(in_place, "sum", out=in_place) is in_place  # type: ignore[attr-defined]
         check(in_place.numpy(), stacked.sum(0))
+        group.all_reduce(in_place, "sum", out=in_place)  # type: ignore[attr-defined]  # the same tensors: reused views
+        check(in_place.numpy(), stacked.sum(0) * world)
         checked += [f"all_reduce out= {np.dtype(dtype).name}", f"all_reduce in place {np.dtype(dtype).name}"]
         np.testing.assert_array_equal(group.broadcast(mine, world - 1).numpy(), data[world - 1])  # type: ignore[attr-defined]
         for axis in (0, 1):

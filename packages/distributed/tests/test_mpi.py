@@ -4,6 +4,7 @@ process on the global batch."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -116,6 +117,33 @@ def test_all_reduce_into_out_checks_it() -> None:
     f = Tensor(a.astype(np.float32)).realize()
     group.all_reduce(f, "avg", out=f)
     np.testing.assert_array_equal(f.numpy(), a.astype(np.float32))
+
+
+def test_all_reduce_into_the_same_out_again_reads_the_input_anew() -> None:
+    """A second call with the same tensors reuses the first one's views of their memory: it still reads what the
+    input holds now (written in place, or assigned), and stops reusing once a tensor is replaced or dropped."""
+    group = MPIProcessGroup()
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    t, out = Tensor(a).realize(), Tensor.empty(3, 4, dtype=Tensor(a).dtype)
+    group.all_reduce(t, out=out)
+    np.testing.assert_array_equal(out.numpy(), a)
+    assert group._reuse is not None and group._reuse.arrays(t, out) is not None  # the next call takes them
+    t.assign(t * 3).realize()
+    group.all_reduce(t, out=out)
+    np.testing.assert_array_equal(out.numpy(), a * 3)
+    t.assign(Tensor(a + 1)).realize()
+    group.all_reduce(t, "max", out=out)
+    np.testing.assert_array_equal(out.numpy(), a + 1)
+    lazy = Tensor(a) - 5  # computed for MPI into a copy, which must not be reused as the tensor's memory
+    group.all_reduce(lazy, out=out)
+    lazy.assign(Tensor(a) * 7).realize()
+    group.all_reduce(lazy, out=out)
+    np.testing.assert_array_equal(out.numpy(), a * 7)
+    kept = group._reuse
+    assert kept is not None and kept.arrays(lazy, out) is not None
+    del t, out, lazy
+    gc.collect()
+    assert kept._views is None  # the arrays, which hold the memory, went with the tensors
 
 
 def test_buckets_send_the_last_parameters_first() -> None:
