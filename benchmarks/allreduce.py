@@ -95,7 +95,7 @@ def in_process(runs: int) -> list[tuple[str, float, float, float]]:
 
 
 MPI_WORKER = """
-import json, statistics, sys, time
+import json, random, statistics, sys, time
 import numpy as np
 from mpi4py import MPI
 from lazygrad import Tensor
@@ -115,9 +115,11 @@ for mb in sizes:
         "out=": lambda: group.all_reduce(t, out=o),  # a reused output, as mpi4py's recv is
     }
     times = {k: [] for k in fns}
-    for _ in range(runs * max(1, 16 // mb) + 1):  # alternate, so all see the same load; more runs of small sizes
-        for k, fn in fns.items():
-            comm.Barrier(); st = time.perf_counter(); fn(); times[k].append(time.perf_counter() - st)
+    for run in range(runs * max(1, 16 // mb) + 1):  # alternate, so all see the same load; more runs of small sizes
+        # in an order drawn anew each run (the same on every rank): what runs just before a call, and so what it
+        # left in the caches, differs from run to run instead of favouring one of the three
+        for k in random.Random(run).sample(list(fns), len(fns)):
+            comm.Barrier(); st = time.perf_counter(); fns[k](); times[k].append(time.perf_counter() - st)
     rows.append((mb, {k: statistics.median(ts[1:]) for k, ts in times.items()}))
 if comm.rank == 0:
     json.dump(rows, open(out, "w"))
