@@ -105,8 +105,8 @@ def output_into(out: Tensor, like: Tensor) -> tuple[np.ndarray, Callable[[], Non
     """A writable numpy array that the communication library fills with the result for `out` (checked by
     `out_buffer`), and the function to call once it has.
 
-    The write lands in `out`'s memory at once, as `out.assign(result).realize()` would: lazy tensors computed from
-    `out` and not yet realized see the new values."""
+    The write lands in `out`'s memory at once, as torch.distributed's in-place all_reduce writes: lazy tensors
+    computed from `out` and not yet realized see the new values, so realize those that need the old ones first."""
     buf = out_buffer(out, like)
     if (view := _host_memory(buf, out.shape)) is not None:
         return view, lambda: None
@@ -116,7 +116,7 @@ def output_into(out: Tensor, like: Tensor) -> tuple[np.ndarray, Callable[[], Non
 
 class ProcessGroup(abc.ABC):
     """A set of processes (ranks 0 .. world_size-1) that exchange tensors. Every rank calls the same collectives in
-    the same order; each returns a new tensor and leaves its input as it was."""
+    the same order; each returns a new tensor and leaves its input as it was, except an all_reduce given `out`."""
 
     rank: int
     world_size: int
