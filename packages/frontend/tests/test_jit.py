@@ -4,6 +4,7 @@ un-jitted run of the same code."""
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -423,3 +424,22 @@ def test_backward_through_a_jitted_output_is_right_or_refused() -> None:
     np.testing.assert_allclose(w.grad.numpy(), x1.T @ (x1 @ w.numpy() > 0), rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="TinyJit replay"):
         replayed.sum().backward()  # computed by the capture's kernels, whose graph is not the replay's
+
+
+def test_replays_read_each_inputs_current_view_and_keep_no_input_alive() -> None:
+    """The replay's per-input view cache is keyed by the input's node: a new view of another buffer is checked and
+    read as itself, and the cache holds nothing of a dropped input."""
+    from lazygrad.jit import _input_views
+
+    f = TinyJit(lambda t: (t * 2).realize())
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for i in range(4):
+        x = Tensor(a + i).realize()
+        np.testing.assert_array_equal(f(x).numpy(), (a + i) * 2)
+    with pytest.raises(JitError):
+        f(Tensor(a).realize().T.contiguous().T)  # a transposed view of a buffer: another input layout
+    gone = weakref.ref(x.uop)
+    assert gone() in _input_views
+    del x
+    gc.collect()
+    assert gone() is None

@@ -42,6 +42,7 @@ from lazygrad_uop.device import Buffer, GraphError, GraphRunner, KernelLaunch
 from lazygrad_uop.dtype import DType
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
+from lazygrad_uop.shape import device_of
 from lazygrad_uop.tensor_graph import (
     apply_movement,
     attach_buffer,
@@ -147,6 +148,29 @@ def _plain_arguments(names: list[str], args: tuple, kwargs: dict) -> dict[str, A
     return out
 
 
+# an input's view of its buffer (variables unbound) and the (variable, value) pairs it binds, per tensor node: a
+# replay with the same inputs skips rebuilding them. Weak keys: an entry goes with the node (its value never holds it)
+_input_views: weakref.WeakKeyDictionary[UOp, tuple[ShapeTracker, tuple[tuple[UOp, int], ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _input_view(u: UOp, base: UOp) -> tuple[ShapeTracker, tuple[tuple[UOp, int], ...]]:
+    """The view of tensor node `u` on its buffer node `base`, with variables unbound, and the values it binds."""
+    if (hit := _input_views.get(u)) is not None:
+        return hit
+    chain, v = [], u
+    while v is not base:
+        chain.append(v)
+        v = v.src[0]
+    st = apply_movement(leaf_view(base), chain[::-1])
+    binds = st.binds()
+    if binds:
+        st = st.substitute({b: b.src[0] for b in binds})
+    out = _input_views[u] = (st, tuple((b.src[0], b.src[1].arg) for b in binds))
+    return out
+
+
 def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
     """Realize the tensor inputs; their buffers, specs and the variable values they (and bound args) carry."""
     values = [*args, *(kwargs[k] for k in sorted(kwargs))]
@@ -156,27 +180,19 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[Input
     if unrealized:
         Tensor.realize(*unrealized)
     # a tensor on several devices is one input per device
-    tensors = [p for t in given for p in ([Tensor(u) for u in t.uop.src] if t.uop.op is Ops.MULTI else [t])]
+    uops = [p for t in given for p in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
     bufs, specs = [], []
-    for t in tensors:
-        base = view_base(t.uop)
+    for u in uops:
+        base = view_base(u)
         if base.op is not Ops.BUFFER:
-            raise JitError(f"input {t!r} could not be realized into a buffer of its own; pass t.contiguous()")
-        chain, u = [], t.uop
-        while u is not base:
-            chain.append(u)
-            u = u.src[0]
-        st = apply_movement(leaf_view(base), chain[::-1])
-        binds = st.binds()
-        for b in binds:
-            var_vals[b.src[0]] = b.src[1].arg
-        if binds:
-            st = st.substitute({b: b.src[0] for b in binds})
+            raise JitError(f"input {Tensor(u)!r} could not be realized into a buffer of its own; pass t.contiguous()")
+        st, binds = _input_view(u, base)
+        var_vals.update(binds)
         buf = buffer_of(base)
         if not buf.is_allocated:
             buf.allocate()
         bufs.append(buf)
-        specs.append(InputSpec(st, t.dtype, t.device))
+        specs.append(InputSpec(st, u.dtype, device_of(u)))
     return bufs, specs, var_vals
 
 
