@@ -67,8 +67,9 @@ def _timed(phases: dict[str, float], label: Callable[..., str], fn: Callable[...
     return wrapper
 
 
-def time_phases(path: str, repeat: int) -> None:
-    """Time `program_of` on the captured kernels, per phase, median of `repeat` passes (each from fresh state)."""
+def time_phases(path: str, repeat: int, dump: str | None = None) -> None:
+    """Time `program_of` on the captured kernels, per phase, median of `repeat` passes; with `dump`, write each
+    kernel's source to `<dump>/<workload>_<n>.src` (to compare the programs of two versions of codegen)."""
     from lazygrad_codegen import program
     from lazygrad_codegen.kernel import Kernel
     from lazygrad_uop.registry import Device
@@ -89,12 +90,16 @@ def time_phases(path: str, repeat: int) -> None:
         for _ in range(repeat):
             phases.clear()
             t = time.process_time()
-            for ast, _dev, opts in kernels:
-                program.program_of(Kernel(ast, renderer).apply_opts(list(opts)))
+            specs = [program.program_of(Kernel(ast, renderer).apply_opts(list(opts))) for ast, _dev, opts in kernels]
             total = time.process_time() - t
             for k, v in phases.items():
                 runs[k].append(v)
             runs["total program_of"].append(total)
+        if dump:
+            os.makedirs(dump, exist_ok=True)
+            for n, spec in enumerate(specs):
+                with open(os.path.join(dump, f"{name}_{n:03d}.src"), "w") as f:
+                    f.write(spec.src)
         print(f"{name}: {len(kernels)} kernels, CPU seconds, median of {repeat}")
         for k, vs in sorted(runs.items(), key=lambda kv: -statistics.median(kv[1])):
             print(f"  {k:40s} {statistics.median(vs):8.3f}")
@@ -107,11 +112,12 @@ def main() -> None:
     parser.add_argument("--capture", help="run the workloads and pickle their kernels to this file")
     parser.add_argument("--kernels", help="time program_of on the kernels pickled in this file")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dump", help="with --kernels: write each kernel's source into this folder")
     args = parser.parse_args()
     if args.capture:
         capture(args.capture)
     if args.kernels:
-        time_phases(args.kernels, args.repeat)
+        time_phases(args.kernels, args.repeat, args.dump)
 
 
 if __name__ == "__main__":
