@@ -32,7 +32,7 @@ WORKLOADS = ("resnet", "convnet")
 def capture(path: str) -> None:
     """Run each workload's first step and pickle the kernels it generated: {workload: [(ast, device, opts)]}."""
     sys.path.insert(0, os.path.dirname(__file__))
-    import compile as bench  # noqa: PLC0415 - the workloads live there
+    import compile as bench  # the workloads live there
 
     from lazygrad import compiling
 

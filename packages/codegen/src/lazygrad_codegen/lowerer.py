@@ -284,9 +284,12 @@ class _Lowerer:
         return known  # type: ignore[return-value]
 
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
-        """(index, valid) of `view` for each lane."""
+        """(index, valid) of `view` for each lane: from one symbolic index of all lanes where it is affine in them
+        (`lane_indexed`), else built lane by lane."""
         st = self.k.views[view]
         relevant = relevant_axes(st)
+        if (by_lane := self.lane_indexed(view, relevant, lanes)) is not None:
+            return by_lane
         out = []
         for idxs in self.lane_idxs(lanes):
             key = ("index", view, tuple(idxs[a] for a in relevant))
@@ -294,6 +297,26 @@ class _Lowerer:
                 self.memo[key] = st.to_indexed_uops(idxs)  # type: ignore[assignment]
             out.append(self.memo[key])
         return out  # type: ignore[return-value]
+
+    def lane_indexed(self, view: UOp, relevant: tuple[int, ...], lanes: _Lanes) -> list[tuple[UOp, UOp]] | None:
+        """(index, valid) of `view` for each lane of `lanes`, from one index expression with a variable per lane axis,
+        simplified once (`lane_offsets`); None where lanes are pinned or tensor-core operands (their indices aren't
+        lane constants) or where the index isn't affine in the lane variables, to be built lane by lane."""
+        lane_axes = [a for a in lanes.axes if isinstance(a, int) and a in relevant]
+        if lanes.pins or lanes.operand or not lane_axes:
+            return None
+        first = self.lane_idxs(lanes)[0]
+        key = ("lanes", view, tuple(first[a] for a in relevant), lanes.axes, lanes.sizes)
+        if key in self.memo:
+            return self.memo[key]  # type: ignore[return-value]
+        sizes = dict(zip(lanes.axes, lanes.sizes, strict=True))
+        variables = {a: UOp.variable(f"lane:{a}", 0, sizes[a] - 1, self.idx_dt) for a in lane_axes}
+        idxs = list(first)
+        for a, var in variables.items():
+            idxs[a] = var
+        out = lane_offsets(*self.k.views[view].to_indexed_uops(idxs), variables, lanes.coords())
+        self.memo[key] = out  # type: ignore[assignment]
+        return out
 
     # *** values ***
 
@@ -611,6 +634,58 @@ class _Lowerer:
             index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
             out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
         return out
+
+
+def lane_offsets(
+    idx: UOp, valid: UOp, variables: dict[int, UOp], coords: list[dict[int | str, int]]
+) -> list[tuple[UOp, UOp]] | None:
+    """(index, valid) per lane coordinate in `coords` of an index expression `idx` and validity `valid` over lane
+    variables (`variables`, by axis): both are simplified once, and where the index is a sum of terms free of the
+    variables plus `c * variable` terms, each lane's index is that base plus its constant offset (the form that
+    `vectors.group_memory` merges into vector accesses); a validity that reads the variables gets them replaced by
+    the lane's constants. None where a variable appears other than so (under a division, a modulo, a product with
+    another index), whose lanes must be simplified one by one."""
+    idx, valid = idx.simplify(), valid.simplify()
+    var_set = set(variables.values())
+    coeff: dict[UOp, int] = dict.fromkeys(var_set, 0)
+    base_terms: list[UOp] = []
+    const = 0
+    terms, stack = [], [idx]
+    while stack:
+        t = stack.pop()
+        if t.op is Ops.ADD:
+            stack.extend(reversed(t.src))
+        else:
+            terms.append(t)
+    for t in terms:
+        if t.op is Ops.CONST:
+            const += t.arg
+        elif t in var_set:
+            coeff[t] += 1
+        elif var_set.isdisjoint(t.toposort):
+            base_terms.append(t)
+        elif t.op is Ops.MUL and t.src[0] in var_set and t.src[1].op is Ops.CONST:
+            coeff[t.src[0]] += t.src[1].arg
+        else:
+            return None
+    base: UOp | None = None
+    for t in base_terms:
+        base = t if base is None else base + t
+    # the validity of a lane depends on the variables it reads alone: lanes that agree on those share one
+    in_valid = [(a, v) for a, v in variables.items() if v in valid.toposort]
+    valids: dict[tuple[int, ...], UOp] = {}
+    out = []
+    for coord in coords:
+        off = const + sum(c * coord[a] for a, v in variables.items() if (c := coeff[v]))
+        if base is None:
+            lane_idx = UOp.const(idx.dtype, off)
+        else:
+            lane_idx = base if off == 0 else base + UOp.const(idx.dtype, off)
+        at = tuple(coord[a] for a, _ in in_valid)
+        if (lane_valid := valids.get(at)) is None:
+            lane_valid = valids[at] = valid.substitute({v: UOp.const(v.dtype, coord[a]) for a, v in in_valid})
+        out.append((lane_idx, lane_valid))
+    return out
 
 
 def _acc_lanes(step: int, n_out: int, n_unroll: int, apart: int, dot: bool) -> list[int]:
