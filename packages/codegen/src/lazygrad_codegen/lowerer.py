@@ -40,7 +40,7 @@ from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, vec, vectorize
+from lazygrad_codegen.vectors import concat, gep, grouped_loads, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -305,7 +305,10 @@ class _Lowerer:
         lane_axes = [a for a in lanes.axes if isinstance(a, int) and a in relevant]
         if lanes.pins or lanes.operand or not lane_axes:
             return None
-        first = self.lane_idxs(lanes)[0]
+        # the indices of lane 0 (every lane constant 0), without those of all lanes that `lane_idxs` builds
+        first_key = ("first idxs", lanes, lanes is self.out)
+        if (first := self.memo.get(first_key)) is None:  # type: ignore[assignment]
+            first = self.memo[first_key] = self.idxs(lanes, dict.fromkeys(lanes.axes, 0))  # type: ignore[assignment]
         key = ("lanes", view, tuple(first[a] for a in relevant), lanes.axes, lanes.sizes)
         if key in self.memo:
             return self.memo[key]  # type: ignore[return-value]
@@ -343,6 +346,10 @@ class _Lowerer:
                 UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), UOp.const(u.dtype, 0), valid))
                 for idx, valid in indexed
             ]
+            # lanes whose indices `lane_indexed` gave as one base plus offsets are read by vector loads right away
+            # (rather than as scalars for `group_memory` to merge after the whole kernel is simplified)
+            if len(loads) > 1 and (grouped := grouped_loads(loads, self.k.renderer)):
+                loads = [grouped.get(ld, ld) for ld in loads]
             return vectorize(loads)
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
@@ -683,7 +690,9 @@ def lane_offsets(
             lane_idx = base if off == 0 else base + UOp.const(idx.dtype, off)
         at = tuple(coord[a] for a, _ in in_valid)
         if (lane_valid := valids.get(at)) is None:
-            lane_valid = valids[at] = valid.substitute({v: UOp.const(v.dtype, coord[a]) for a, v in in_valid})
+            # simplified like the index, so that lanes of one validity share its node (and group into vector loads)
+            lane_valid = valid.substitute({v: UOp.const(v.dtype, coord[a]) for a, v in in_valid})
+            lane_valid = valids[at] = lane_valid.simplify() if in_valid else lane_valid
         out.append((lane_idx, lane_valid))
     return out
 

@@ -16,7 +16,7 @@ A vector LOAD or STORE through `INDEX(buf, i)` reads or writes the elements i, i
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
@@ -69,11 +69,19 @@ def vec(dtype: DType, count: int) -> DType:
 
 
 def _fold_gep(x: UOp, g: UOp) -> UOp | None:
+    # lanes of a vector that is neither built nor picked from another, short of all of them, are as `gep` makes them:
+    # answered without building the node again (the cut vectors hold hundreds of thousands of these)
+    if x.op is not Ops.VECTORIZE and x.op is not Ops.GEP and x.dtype.count > 1 and len(g.arg) < x.dtype.count:
+        return None
     new = gep(x, g.arg)
     return None if new is g else new
 
 
 def _fold_vectorize(v: UOp) -> UOp | None:
+    # only one lane, or lanes all picked singly from one vector, fold (`vectorize`): the common case is neither
+    first = v.src[0]
+    if len(v.src) > 1 and (first.op is not Ops.GEP or len(first.arg) != 1):
+        return None
     new = vectorize(v.src)
     return None if new is v else new
 
@@ -237,9 +245,19 @@ def group_memory(sink: UOp, renderer: Renderer) -> UOp:
     """Scalar loads and stores of neighbouring elements replaced by vector loads and stores."""
     if not memory_widths(renderer)[0]:
         return sink
-    # loads: same buffer, same base index, same validity and gate; lanes by constant offset
+    if mapping := grouped_loads(sink.toposort, renderer):
+        sink = sink.substitute(mapping)
+    return _group_stores(sink, renderer)
+
+
+def grouped_loads(loads: Iterable[UOp], renderer: Renderer) -> dict[UOp, UOp]:
+    """Each scalar load of `loads` (other nodes are passed over) that reads next to others of the same buffer, base
+    index, validity and gate, mapped to its lane of one vector load of the run, in the widths the renderer allows."""
+    if not memory_widths(renderer)[0]:
+        return {}
+    # same buffer, same base index, same validity and gate; lanes by constant offset
     groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
-    for u in sink.toposort:
+    for u in loads:
         if u.op is not Ops.LOAD or u.dtype.count != 1 or u.src[0].op is not Ops.INDEX:
             continue
         index = u.src[0]
@@ -266,9 +284,7 @@ def group_memory(sink: UOp, renderer: Renderer) -> UOp:
             wide = UOp(Ops.LOAD, dtype.vec(len(run)), srcs)
             for lane, off in enumerate(run):
                 mapping[by_offset[off]] = gep(wide, (lane,))
-    if mapping:
-        sink = sink.substitute(mapping)
-    return _group_stores(sink, renderer)
+    return mapping
 
 
 def _group_stores(sink: UOp, renderer: Renderer) -> UOp:
