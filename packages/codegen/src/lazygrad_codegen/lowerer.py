@@ -40,7 +40,7 @@ from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, grouped_loads, vec, vectorize
+from lazygrad_codegen.vectors import concat, gep, grouped_loads, grouped_stores, memory_widths, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -640,6 +640,11 @@ class _Lowerer:
                 valid = valid & self.store_gate
             index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
             out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
+        # lanes that `lane_indexed` gave as one base plus offsets are stored by vector stores right away (in the
+        # order `group_memory` would give them; scalar stores that merge with none stay in lane order, as there)
+        if len(out) > 1 and memory_widths(self.k.renderer)[0]:
+            grouped = grouped_stores(out, self.k.renderer)
+            out = out if len(grouped) == len(out) else grouped
         return out
 
 

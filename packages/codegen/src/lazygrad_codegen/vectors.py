@@ -302,9 +302,17 @@ def _group_stores(sink: UOp, renderer: Renderer) -> UOp:
 
 def _grouped(owner: UOp, renderer: Renderer) -> UOp:
     """`owner` (a SINK or BARRIER) with its scalar stores to neighbouring elements merged into vector stores."""
+    new_src = grouped_stores(owner.src, renderer)
+    return owner if len(new_src) == len(owner.src) else owner.replace(src=tuple(new_src))
+
+
+def grouped_stores(stores: Sequence[UOp], renderer: Renderer) -> list[UOp]:
+    """`stores` with the scalar stores to neighbouring elements of one buffer, base index, validity and gate merged
+    into vector stores in the widths the renderer allows: the runs first, then what isn't a scalar store (or repeats
+    an element another one stores)."""
     groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
     rest: list[UOp] = []
-    for s in owner.src:
+    for s in stores:
         if s.op is Ops.STORE and s.src[1].dtype.count == 1 and s.src[0].op is Ops.INDEX:
             index = s.src[0]
             base, offset = split_offset(index.src[1])
@@ -324,4 +332,4 @@ def _grouped(owner: UOp, renderer: Renderer) -> UOp:
             value = vectorize([by_offset[off].src[1] for off in run])
             new_src.append(UOp(Ops.STORE, dtypes.void, (_index_with(first.src[0], base, run[0]), value, *gate)))
     new_src.extend(rest)
-    return owner if len(new_src) == len(owner.src) else owner.replace(src=tuple(new_src))
+    return new_src
