@@ -342,20 +342,27 @@ class _Lowerer:
             indexed = self.indexed(u.src[1], lanes)
             if lanes.gate:
                 indexed = [(idx, valid & g) for (idx, valid), g in zip(indexed, lanes.gate, strict=True)]
-            loads = [
-                UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), UOp.const(u.dtype, 0), valid))
-                for idx, valid in indexed
-            ]
+            alt = UOp.const(u.dtype, 0)
+            # lanes that read the same element (a view broadcast along some lane axes) share one load
+            made: dict[tuple[UOp, UOp], UOp] = {}
+            for idx, valid in indexed:
+                if (idx, valid) not in made:
+                    index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
+                    made[(idx, valid)] = UOp(Ops.LOAD, u.dtype, (index, alt, valid))
+            loads = [made[pair] for pair in indexed]
             # lanes whose indices `lane_indexed` gave as one base plus offsets are read by vector loads right away
             # (rather than as scalars for `group_memory` to merge after the whole kernel is simplified)
-            if len(loads) > 1 and (grouped := grouped_loads(loads, self.k.renderer)):
+            if len(made) > 1 and (grouped := grouped_loads(made.values(), self.k.renderer)):
                 loads = [grouped.get(ld, ld) for ld in loads]
             return vectorize(loads)
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
             if not u.src:
                 return vectorize([value] * lanes.n)
-            return vectorize([valid.where(value, value.const_like(0)) for _, valid in self.indexed(u.src[0], lanes)])
+            zero = value.const_like(0)
+            indexed = self.indexed(u.src[0], lanes)
+            masked = {valid: valid.where(value, zero) for valid in {valid for _, valid in indexed}}
+            return vectorize([masked[valid] for _, valid in indexed])
         if u.op is Ops.REDUCE_AXIS:
             if ("reduced", u) not in self.memo:
                 self.memo[("reduced", u)] = self._tc_reduce(u) if self.k.tensor_core is not None else self._reduce(u)
@@ -686,8 +693,13 @@ def lane_offsets(
     # the validity of a lane depends on the variables it reads alone: lanes that agree on those share one
     in_valid = [(a, v) for a, v in variables.items() if v in valid.toposort]
     valids: dict[tuple[int, ...], UOp] = {}
+    # lanes that differ only along axes the view doesn't read share their pair
+    pairs: dict[tuple[int, ...], tuple[UOp, UOp]] = {}
     out = []
     for coord in coords:
+        if (pair := pairs.get(lane := tuple(coord[a] for a in variables))) is not None:
+            out.append(pair)
+            continue
         off = const + sum(c * coord[a] for a, v in variables.items() if (c := coeff[v]))
         if base is None:
             lane_idx = UOp.const(idx.dtype, off)
@@ -698,7 +710,7 @@ def lane_offsets(
             # simplified like the index, so that lanes of one validity share its node (and group into vector loads)
             lane_valid = valid.substitute({v: UOp.const(v.dtype, coord[a]) for a, v in in_valid})
             lane_valid = valids[at] = lane_valid.simplify() if in_valid else lane_valid
-        out.append((lane_idx, lane_valid))
+        out.append(pairs.setdefault(lane, (lane_idx, lane_valid)))
     return out
 
 
