@@ -133,21 +133,24 @@ def linearize(sink: UOp) -> list[UOp]:
         return out[::-1]
 
     paths = {u: path(b) for u, b in placed_in.items()}
-    loop_paths = {b.loop: path(b) for b in block_of.values()}
+    # the ops of each block, nested ones included (those whose path passes through it), in graph order: each block
+    # reads its own rather than testing every op of the kernel
+    within: dict[int, list[UOp]] = {id(b): [] for b in (root, *block_of.values())}
+    for u, p in paths.items():
+        for b in p:
+            within[id(b)].append(u)
 
     out: list[UOp] = list(params)
 
     def emit(b: _Block) -> None:
-        # items of this block: its own ops and its child loops, ordered by the dependencies between them
-        def item(u: UOp) -> UOp | _Block | None:
-            p = paths.get(u) if u.op is not Ops.RANGE else loop_paths[u]
-            if p is None or len(p) <= b.depth or p[b.depth] is not b:
-                return None
-            if u.op is Ops.RANGE:
-                return p[b.depth + 1] if len(p) > b.depth + 1 else None
-            return p[b.depth + 1] if len(p) > b.depth + 1 else u
-
-        members: list[UOp] = [u for u in placed_in if item(u) is not None]
+        # items of this block: its own ops and its child loops, ordered by the dependencies between them; an op
+        # within the block belongs to its own item, or to the item of the child loop it sits in
+        members = within[id(b)]
+        inner = b.depth + 1
+        item_of: dict[UOp, UOp | _Block] = {}
+        for u in members:
+            p = paths[u]
+            item_of[u] = p[inner] if len(p) > inner else u
         keys: dict[int, UOp | _Block] = {}
         prio: dict[int, tuple[int, int]] = {}
         for op in b.ops:
@@ -158,11 +161,10 @@ def linearize(sink: UOp) -> list[UOp]:
         deps: dict[int, set[int]] = {k: set() for k in keys}
         users: dict[int, set[int]] = {k: set() for k in keys}
         for u in members:
-            iu = item(u)
+            iu = item_of[u]
             for s in _sources(u):
-                if s.op in _HOISTED or s.op is Ops.RANGE or s not in placed_in:
-                    continue
-                isrc = item(s)
+                # (parameters, hardware indices and loops are no op of a block)
+                isrc = item_of.get(s)
                 if isrc is None or isrc is iu:
                     continue
                 deps[id(iu)].add(id(isrc))
@@ -198,18 +200,21 @@ def _check_order(uops: list[UOp], provides: dict[UOp, frozenset[UOp]]) -> None:
     """Every source is placed before its user, and is visible there (not inside a loop that has already ended)."""
     seen: set[UOp] = set()
     open_loops: list[UOp] = []
+    open_set: set[UOp] = set()
     for u in uops:
         for s in _sources(u):
             if s not in seen:
                 raise LinearizeError(f"{u.op} is placed before its source {s.op}")
         if u.op is Ops.RANGE:
             open_loops.append(u)
+            open_set.add(u)
         elif u.op is Ops.END:
             if not open_loops or open_loops[-1] is not u.src[0]:
                 raise LinearizeError("loops must END innermost first")
-            open_loops.pop()
+            open_set.discard(open_loops.pop())
         elif u.op is not Ops.DEFINE_ACC:
             for s in u.src:
-                if not provides.get(s, frozenset()) <= set(open_loops) | {u}:
+                loops = provides.get(s)
+                if loops and not loops <= open_set and not loops - open_set <= {u}:
                     raise LinearizeError(f"{u.op} reads a value from a loop that is not open around it")
         seen.add(u)
