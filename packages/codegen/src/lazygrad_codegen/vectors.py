@@ -34,7 +34,7 @@ def gep(x: UOp, lanes: Sequence[int]) -> UOp:
         if any(lane != 0 for lane in lanes):
             raise ValueError(f"lanes {lanes} of a scalar")
         return x if len(lanes) == 1 else vectorize([x] * len(lanes))
-    if lanes == tuple(range(x.dtype.count)):
+    if len(lanes) == x.dtype.count and lanes == tuple(range(x.dtype.count)):
         return x
     if x.op is Ops.VECTORIZE:
         return vectorize([x.src[lane] for lane in lanes])
@@ -57,6 +57,13 @@ def vectorize(srcs: Sequence[UOp]) -> UOp:
 
 def concat(parts: Sequence[UOp]) -> UOp:
     """The vector of all lanes of `parts`, in order."""
+    if len(parts) > 1 and all(p.dtype.count > 1 and p.op is not Ops.VECTORIZE and p.op is not Ops.GEP for p in parts):
+        # vectors computed elsewhere (the chunks of a cut ALU op): their lanes are GEPs of them, which `gep` and
+        # `vectorize` would build one by one; made directly (several parts: nothing folds)
+        scalar = parts[0].dtype.scalar()
+        srcs = tuple(UOp(Ops.GEP, scalar, (p,), (j,)) for p in parts for j in range(p.dtype.count))
+        if len(set(parts)) > 1:
+            return UOp(Ops.VECTORIZE, scalar.vec(len(srcs)), srcs)
     return vectorize([gep(p, (j,)) for p in parts for j in range(p.dtype.count)])
 
 
