@@ -1,7 +1,7 @@
 """The indices of a view's vector lanes from one symbolic expression (`lowerer.lane_offsets`): where the index is
-affine in the lane variables every lane is one shared base plus a constant offset, and every lane's index and
-validity equal what numpy's movement ops give for that element; where it isn't, the lanes are left to be built one by
-one (None). Reference: a numpy array of flat buffer positions moved by the same ops, -1 marking padding."""
+affine in the lane variables every lane is one shared base plus a constant offset, elsewhere the expression with the
+lane's constants substituted; either way every lane's index and validity equal what numpy's movement ops give for
+that element. Reference: a numpy array of flat buffer positions moved by the same ops, -1 marking padding."""
 
 from __future__ import annotations
 
@@ -82,47 +82,55 @@ def _lanes(arr: np.ndarray, tracker: ShapeTracker, lane_dims: list[int]):
     return lane_offsets(*tracker.to_indexed_uops(idxs), variables, coords), loops, coords
 
 
+def _check_against_numpy(arr: np.ndarray, out, loops: dict, coords: list) -> None:
+    """Every lane's index and validity, at every value of the loop variables, against the numpy reference."""
+    assert len(out) == len(coords)
+    for loop_values in itertools.product(*(range(arr.shape[d]) for d in loops)):
+        env = dict(zip(loops.values(), loop_values, strict=True))
+        at = dict(zip(loops, loop_values, strict=True))
+        for coord, (idx, valid) in zip(coords, out, strict=True):
+            expected = int(arr[tuple({**at, **coord}[d] for d in range(arr.ndim))])
+            # (a lane variable left in either would make eval_uop fail: every lane is in its constants)
+            assert bool(eval_uop(valid, env)) == (expected != -1)
+            if expected != -1:
+                assert eval_uop(idx, env) == expected
+
+
+def _one_base(out) -> bool:
+    return len({split_offset(idx)[0] for idx, _ in out}) == 1
+
+
 @settings(max_examples=150, deadline=None)
 @given(moved_views(), st_.data())
 def test_lane_indices_match_numpy(view, data) -> None:
     arr, tracker = view
     lane_dims = data.draw(st_.lists(st_.sampled_from(range(arr.ndim)), min_size=1, max_size=arr.ndim, unique=True))
     out, loops, coords = _lanes(arr, tracker, lane_dims)
-    event("lanes built one by one" if out is None else "lanes as base plus offsets")
-    if out is None:
-        return  # not affine in the lane variables: lowering builds each lane on its own, as before
-    assert len(out) == len(coords)
-    # one base for all lanes: the lanes differ by constants alone
-    assert len({split_offset(idx)[0] for idx, _ in out}) == 1
-    for loop_values in itertools.product(*(range(arr.shape[d]) for d in loops)):
-        env = dict(zip(loops.values(), loop_values, strict=True))
-        at = dict(zip(loops, loop_values, strict=True))
-        for coord, (idx, valid) in zip(coords, out, strict=True):
-            expected = int(arr[tuple({**at, **coord}[d] for d in range(arr.ndim))])
-            assert bool(eval_uop(valid, env)) == (expected != -1)
-            if expected != -1:
-                assert eval_uop(idx, env) == expected
+    event("lanes as one base plus offsets" if _one_base(out) else "lanes substituted one by one")
+    _check_against_numpy(arr, out, loops, coords)
 
 
 def test_contiguous_lanes_are_offsets() -> None:
     arr = np.arange(4 * 8).reshape(4, 8)
     out, _, _ = _lanes(arr, ShapeTracker.from_shape((4, 8)), [1])
-    assert out is not None
+    assert _one_base(out)
     assert [split_offset(idx)[1] for idx, _ in out] == list(range(8))
 
 
 def test_padding_validity_per_lane() -> None:
     # a padded dim as lanes: the validity reads the lane, and each lane gets its own (folded) validity
     arr = np.pad(np.arange(6).reshape(2, 3), ((0, 0), (1, 1)), constant_values=-1)
-    out, loops, _ = _lanes(arr, ShapeTracker.from_shape((2, 3)).pad(((0, 0), (1, 1))), [1])
-    assert out is not None
-    validity = [bool(eval_uop(valid, {loops[0]: 0})) for _, valid in out]
-    assert validity == [x != -1 for x in arr[0]]
+    out, loops, coords = _lanes(arr, ShapeTracker.from_shape((2, 3)).pad(((0, 0), (1, 1))), [1])
+    assert _one_base(out)
+    assert [bool(eval_uop(valid, {loops[0]: 0})) for _, valid in out] == [x != -1 for x in arr[0]]
+    _check_against_numpy(arr, out, loops, coords)
 
 
-def test_lanes_under_a_modulo_fall_back() -> None:
-    # a lane folded with a loop into one dim of a reshape: (loop * 3 + lane) % 4 is no base plus offset
+def test_lanes_under_a_modulo_are_substituted() -> None:
+    # a lane folded with a loop into one dim of a reshape: (loop * 3 + lane) % 4 is no base plus offset, so each
+    # lane gets the expression with its constant in place of the variable
     tracker = ShapeTracker.from_shape((4, 3)).permute((1, 0)).reshape((12,)).reshape((4, 3))
     arr = np.arange(12).reshape(4, 3).T.reshape(4, 3)
-    out, _, _ = _lanes(arr, tracker, [1])
-    assert out is None
+    out, loops, coords = _lanes(arr, tracker, [1])
+    assert not _one_base(out)
+    _check_against_numpy(arr, out, loops, coords)

@@ -284,8 +284,8 @@ class _Lowerer:
         return known  # type: ignore[return-value]
 
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
-        """(index, valid) of `view` for each lane: from one symbolic index of all lanes where it is affine in them
-        (`lane_indexed`), else built lane by lane."""
+        """(index, valid) of `view` for each lane: from one symbolic index of all lanes (`lane_indexed`), or built
+        lane by lane where the lanes' indices aren't constants (pinned lanes, tensor-core operands)."""
         st = self.k.views[view]
         relevant = relevant_axes(st)
         if (by_lane := self.lane_indexed(view, relevant, lanes)) is not None:
@@ -301,7 +301,7 @@ class _Lowerer:
     def lane_indexed(self, view: UOp, relevant: tuple[int, ...], lanes: _Lanes) -> list[tuple[UOp, UOp]] | None:
         """(index, valid) of `view` for each lane of `lanes`, from one index expression with a variable per lane axis,
         simplified once (`lane_offsets`); None where lanes are pinned or tensor-core operands (their indices aren't
-        lane constants) or where the index isn't affine in the lane variables, to be built lane by lane."""
+        lane constants), or where no lane axis moves the view, to be built lane by lane."""
         lane_axes = [a for a in lanes.axes if isinstance(a, int) and a in relevant]
         if lanes.pins or lanes.operand or not lane_axes:
             return None
@@ -657,13 +657,14 @@ class _Lowerer:
 
 def lane_offsets(
     idx: UOp, valid: UOp, variables: dict[int, UOp], coords: list[dict[int | str, int]]
-) -> list[tuple[UOp, UOp]] | None:
+) -> list[tuple[UOp, UOp]]:
     """(index, valid) per lane coordinate in `coords` of an index expression `idx` and validity `valid` over lane
     variables (`variables`, by axis): both are simplified once, and where the index is a sum of terms free of the
     variables plus `c * variable` terms, each lane's index is that base plus its constant offset (the form that
     `vectors.group_memory` merges into vector accesses); a validity that reads the variables gets them replaced by
-    the lane's constants. None where a variable appears other than so (under a division, a modulo, a product with
-    another index), whose lanes must be simplified one by one."""
+    the lane's constants. Where a variable appears other than so (under a division, a modulo, a product with
+    another index), each lane gets the simplified expressions with the variables replaced by its constants
+    (`_substituted`), which the kernel's simplification finishes."""
     idx, valid = idx.simplify(), valid.simplify()
     var_set = set(variables.values())
     coeff: dict[UOp, int] = dict.fromkeys(var_set, 0)
@@ -686,7 +687,7 @@ def lane_offsets(
         elif t.op is Ops.MUL and t.src[0] in var_set and t.src[1].op is Ops.CONST:
             coeff[t.src[0]] += t.src[1].arg
         else:
-            return None
+            return _substituted(idx, valid, variables, coords)
     base: UOp | None = None
     for t in base_terms:
         base = t if base is None else base + t
@@ -711,6 +712,24 @@ def lane_offsets(
             lane_valid = valid.substitute({v: UOp.const(v.dtype, coord[a]) for a, v in in_valid})
             lane_valid = valids[at] = lane_valid.simplify() if in_valid else lane_valid
         out.append(pairs.setdefault(lane, (lane_idx, lane_valid)))
+    return out
+
+
+def _substituted(
+    idx: UOp, valid: UOp, variables: dict[int, UOp], coords: list[dict[int | str, int]]
+) -> list[tuple[UOp, UOp]]:
+    """(index, valid) per lane coordinate of the simplified `idx` and `valid` with the lane variables replaced by
+    the lane's constants (left for the kernel's simplification to finish): a lane built from the expression that
+    was simplified once for all lanes, not from the view."""
+    used = [(a, v) for a, v in variables.items() if v in idx.toposort or v in valid.toposort]
+    known: dict[tuple[int, ...], tuple[UOp, UOp]] = {}
+    out = []
+    for coord in coords:
+        at = tuple(coord[a] for a, _ in used)
+        if (pair := known.get(at)) is None:
+            mapping = {v: UOp.const(v.dtype, coord[a]) for a, v in used}
+            pair = known[at] = (idx.substitute(mapping), valid.substitute(mapping))
+        out.append(pair)
     return out
 
 
