@@ -4,7 +4,9 @@ vector grouping, linearizing and rendering.
 The kernels (AST, renderer, the opts they got) are captured once from a cold first step of the workloads of
 `compile.py` (ResNet-18 training, batch 8 at 64x64; the conv net's Adam step) and pickled, so that runs before and
 after a change time the same kernels. Times are `time.process_time()` (CPU seconds of this process), which a machine
-loaded by other work disturbs less than wall time; each number is the median over `--repeat` passes.
+loaded by other work disturbs less than wall time. Passes after the first in one process find some of the kernels'
+index arithmetic already simplified (the rewrite engine remembers it on nodes that stay alive), so compare first
+passes: the default is one pass, and a median is taken over runs in fresh processes.
 
     python benchmarks/codegen_phases.py --capture /tmp/kernels.pkl     # once: run the steps, keep the kernels
     python benchmarks/codegen_phases.py --kernels /tmp/kernels.pkl     # time program_of on them, per phase
@@ -111,7 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capture", help="run the workloads and pickle their kernels to this file")
     parser.add_argument("--kernels", help="time program_of on the kernels pickled in this file")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1, help="passes in this process (the first is the cold one)")
     parser.add_argument("--dump", help="with --kernels: write each kernel's source into this folder")
     args = parser.parse_args()
     if args.capture:
