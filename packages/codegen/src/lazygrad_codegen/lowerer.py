@@ -11,7 +11,10 @@ Each axis gets an index by its type:
 
 Values are vectors with one lane per combination of the UPCAST axes (above a reduction), or of the UNROLL and
 UPCAST axes (below it, unrolled axes outermost; output lanes outermost in the dot layout). A LOAD or CONST becomes a
-VECTORIZE of one scalar per lane, each indexed through its view with that lane's constants; ALU ops act on whole
+VECTORIZE of one scalar per lane, each indexed through its view with that lane's constants: the view's index is built
+once with a variable per lane axis and simplified once (`lane_offsets`); where it is affine in them each lane is that
+base plus a constant, and runs of neighbouring lanes are read (and stored) by vector loads (stores) right away, as
+`vectors.group_memory` would merge them; elsewhere each lane substitutes its constants. ALU ops act on whole
 vectors; a REDUCE_AXIS folds the unrolled lanes into an accumulator (`DEFINE_ACC` over the reduce loops, updated by
 `ASSIGN`) that keeps one lane per output lane, or more when there are fewer output lanes than the renderer's vector
 width (then they are summed after the loop), or, when the loads run along the innermost unrolled axis (`x @ W.T`),
