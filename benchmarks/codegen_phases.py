@@ -10,6 +10,7 @@ passes: the default is one pass, and a median is taken over runs in fresh proces
 
     python benchmarks/codegen_phases.py --capture /tmp/kernels.pkl     # once: run the steps, keep the kernels
     python benchmarks/codegen_phases.py --kernels /tmp/kernels.pkl     # time program_of on them, per phase
+    python benchmarks/codegen_phases.py                                # both, through a temporary file
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="passes in this process (the first is the cold one)")
     parser.add_argument("--dump", help="with --kernels: write each kernel's source into this folder")
     args = parser.parse_args()
+    if not (args.capture or args.kernels):
+        # neither: capture into a temporary file and time those kernels (what `nox -s bench` runs)
+        args.capture = args.kernels = os.path.join(tempfile.mkdtemp(prefix="lazygrad-codegen-phases-"), "kernels.pkl")
     if args.capture:
         capture(args.capture)
     if args.kernels:
