@@ -1,5 +1,6 @@
 """Online reductions: two reductions over the same rows, the second reading the first's result, computed in one loop
-over the row instead of one loop each.
+over the row instead of one loop each: softmax's max and sum of exponentials, and layernorm's (or a variance's) sum and
+sum of squared deviations from the mean.
 
 The kernel of softmax's (or logsumexp's) row values holds `M = max(x)` and `S = sum(exp2((x - M) * c))` (the
 frontend's `exp` is `exp2` of `x * log2(e)`): nested, S's loop reads M, so the row is read twice before the output
@@ -14,6 +15,18 @@ Special values follow the nested form: an element equal to -inf adds 0 (as it do
 finite); a row whose max is -inf (every element -inf) gets the nested form's NaN sum; a NaN or a +inf element makes
 the sum NaN as it does there. Rounding: each element's term is rounded once, as in the nested form, and rescaled by
 the factors of the later max raises (a few per row on most data), each within an ulp or two.
+
+For `Q = sum((x - a) ** 2)` with `a = f(S)`, `S = sum(x)` (layernorm's variance, `a = S / n`), the loop works on
+the deviations `d = x - K` from the row's first element `K` (0 where that is infinite or NaN): per accumulator lane a
+count, their mean and sum of squared deviations from it (Welford's update, each step's elements folded in as one
+chunk), and their plain sum; lanes, warps and threads merge those by Chan's parallel formula. Then
+`S = n * K + sum(d)` and `Q = M2 + n * (mean - t) ** 2` with `t = a - K` (an identity; the second term ~0). The shift
+keeps the running mean small against the spread: Welford on the raw values drifts by its roundings where the mean
+is far from zero (fp32 rows around 1e4 with spread 3 lose 1e-3 of the variance at 4,097 elements), shifted sums of
+squares cancel where the first element is far out of the row (every digit, for a first element 64 spreads away),
+the sum of squares minus the squared sum loses every digit on both; Welford on the shifted values keeps the
+two-pass form's accuracy on both, and S is within an ulp or two at any offset (a sequential sum of 4,097 values
+near 1e4 is off by 1e-6 of itself).
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lazygrad_codegen.kernel import AxisType, Kernel, warp_size
+from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, warp_size
 from lazygrad_codegen.vectors import gep, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -83,26 +96,69 @@ def _online_softmax(total: UOp) -> OnlineSoftmax | None:
     return None
 
 
-def find_online(k: Kernel) -> dict[UOp, OnlineSoftmax]:
+@dataclass(frozen=True)
+class OnlineVariance:
+    """`squares = sum((x - mean) ** 2)` over the rows of `total = sum(x)`, `mean` any elementwise function of
+    `total` (the frontend's `total * (1 / n)`)."""
+
+    total: UOp
+    squares: UOp
+    mean: UOp
+
+
+def _online_variance(squares: UOp) -> OnlineVariance | None:
+    """The pair of `squares` when it is `sum(d * d)` with `d = x + f(sum(x)) * -1` (`x` the very node the inner sum
+    reads, f reading no other buffer or reduction), else None."""
+    if squares.op is not Ops.REDUCE_AXIS or squares.arg[0] is not Ops.ADD or not dtypes.is_float(squares.dtype):
+        return None
+    sq = squares.src[0]
+    if sq.op is not Ops.MUL or sq.src[0] is not sq.src[1] or (d := sq.src[0]).op is not Ops.ADD:
+        return None
+    for x, neg in (d.src, d.src[::-1]):
+        if (negated := _split_mul(neg, -1)) is None:
+            continue
+        mean = negated[0]
+        reds = [u for u in mean.toposort if u.op is Ops.REDUCE_AXIS]
+        if len(reds) != 1:
+            continue
+        total = reds[0]
+        # f reads nothing but the sum (its loads are the sum's own)
+        if any(u.op is Ops.LOAD and u not in total.toposort for u in mean.toposort):
+            continue
+        if (
+            total.arg == (Ops.ADD, squares.arg[1])
+            and total.src[0] is x
+            and total.dtype == squares.dtype == x.dtype
+            and not any(u.op is Ops.REDUCE_AXIS for u in x.toposort)
+        ):
+            return OnlineVariance(total, squares, mean)
+    return None
+
+
+Pair = OnlineSoftmax | OnlineVariance
+
+
+def find_online(k: Kernel) -> dict[UOp, Pair]:
     """Each reduction of `k` that an online reduction computes (both of a pair), mapped to its pair. Not on tensor
     cores, and not where either reduction's result is read by anything but a later reduction or a store (the pair's
     max read elsewhere in the sum's source would need the final max inside the loop)."""
     if k.tensor_core is not None:
         return {}
-    out: dict[UOp, OnlineSoftmax] = {}
+    out: dict[UOp, Pair] = {}
     for red in k.reduceops:
-        if (pair := _online_softmax(red)) is None or pair.peak in out:
-            continue
-        # the max is read in the sum's source only as the shift: one use there
-        uses = sum(1 for u in red.src[0].toposort for s in u.src if s is pair.peak)
-        if uses == 1:
-            out[pair.peak] = out[pair.total] = pair
+        if (pair := _online_softmax(red)) is not None and pair.peak not in out:
+            # the max is read in the sum's source only as the shift: one use there
+            if sum(1 for u in red.src[0].toposort for s in u.src if s is pair.peak) == 1:
+                out[pair.peak] = out[pair.total] = pair
+        elif (var := _online_variance(red)) is not None and var.total not in out:
+            if sum(1 for u in red.src[0].toposort for s in u.src if s is var.mean) == 1:
+                out[var.total] = out[var.squares] = var
     return out
 
 
 # *** lowering ***
 
-State = tuple[UOp, UOp]
+State = tuple[UOp, ...]
 
 
 def _splat(like: UOp, value: float) -> UOp:
@@ -119,24 +175,88 @@ def _rescale(m: UOp, new_m: UOp, c: float) -> UOp:
     return m.eq(new_m).where(_splat(m, 1.0), _exp2_scaled(m - new_m, c))
 
 
-def _combine(a: State, b: State, c: float) -> State:
-    m = a[0].alu(Ops.MAX, b[0])
-    return m, a[1] * _rescale(a[0], m, c) + b[1] * _rescale(b[0], m, c)
+def _identities(pair: Pair) -> tuple[float, ...]:
+    """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d))."""
+    return (-math.inf, 0.0) if isinstance(pair, OnlineSoftmax) else (0.0, 0.0, 0.0, 0.0)
 
 
-def _fold(state: State, n_out: int, apart: int, dot: bool, c: float) -> State:
+def _combine(pair: Pair, a: State, b: State) -> State:
+    """Two partial states of the same rows merged."""
+    if isinstance(pair, OnlineSoftmax):
+        m = a[0].alu(Ops.MAX, b[0])
+        return m, a[1] * _rescale(a[0], m, pair.scale) + b[1] * _rescale(b[0], m, pair.scale)
+    (na, ma, qa, sa), (nb, mb, qb, sb) = a, b
+    n = na + nb
+    # (a part of no elements, a padded lane's, leaves the other as it is)
+    zero = _splat(n, 0.0)
+    frac = (zero < n).where(nb * n.alu(Ops.RECIP), zero)
+    delta = mb - ma
+    return n, ma + delta * frac, qa + qb + delta * delta * na * frac, sa + sb
+
+
+def _step(pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shift: UOp | None) -> State:
+    """The state after one loop step reading the vectors `xs` (one lane per accumulator lane each; `valid` says
+    which lanes hold elements where the rows are padded; `shift` the first element of each lane's row)."""
+    if isinstance(pair, OnlineSoftmax):
+        m, s = state
+        # padded elements read as -inf: no effect on the max, 0 in the sum
+        if valid is not None:
+            xs = [v.where(x, _splat(x, -math.inf)) for x, v in zip(xs, valid, strict=True)]
+        peak = xs[0]
+        for x in xs[1:]:
+            peak = peak.alu(Ops.MAX, x)
+        new_m = m.alu(Ops.MAX, peak)
+        total = s * _rescale(m, new_m, pair.scale)
+        for x in xs:
+            # an element of -inf adds 0 even while the max is still -inf (where (x - m) would be NaN)
+            term = _exp2_scaled(x - new_m, pair.scale)
+            total = total + x.eq(_splat(x, -math.inf)).where(_splat(x, 0.0), term)
+        return new_m, total
+    assert shift is not None
+    zero = _splat(xs[0], 0.0)
+    ds = [x - shift for x in xs]
+    if valid is not None:
+        xs = [v.where(x, zero) for x, v in zip(xs, valid, strict=True)]
+        ds = [v.where(d, zero) for d, v in zip(ds, valid, strict=True)]
+        count = valid[0].where(_splat(zero, 1.0), zero)
+        for v in valid[1:]:
+            count = count + v.where(_splat(zero, 1.0), zero)
+    else:
+        count = _splat(zero, float(len(xs)))
+    # the step's deviations as one chunk (count, mean, squared deviations from it), merged into the state
+    chunk = ds[0]
+    for d in ds[1:]:
+        chunk = chunk + d
+    if len(ds) == 1:
+        mean, squares = chunk, zero
+    else:
+        mean = (zero < count).where(chunk * count.alu(Ops.RECIP), zero)
+        squares = zero
+        for i, d in enumerate(ds):
+            e = d - mean
+            e = e if valid is None else valid[i].where(e, zero)
+            squares = squares + e * e
+    n, m, q = _combine(pair, state, (count, mean, squares, zero))[:3]
+    # the sum of the deviations, element by element: S = n * K + sum(d), within an ulp or two of S at any offset
+    total = state[3]
+    for d in ds:
+        total = total + d
+    return n, m, q, total
+
+
+def _fold(pair: Pair, state: State, n_out: int, apart: int, dot: bool) -> State:
     """The `n_out` states of an accumulator keeping `apart` lanes per output (`lowerer._acc_lanes`'s layouts)."""
 
     def lanes(u: int) -> list[int]:
         return [o * apart + u for o in range(n_out)] if dot else list(range(u * n_out, (u + 1) * n_out))
 
-    res = (gep(state[0], lanes(0)), gep(state[1], lanes(0)))
+    res = tuple(gep(v, lanes(0)) for v in state)
     for u in range(1, apart):
-        res = _combine(res, (gep(state[0], lanes(u)), gep(state[1], lanes(u))), c)
+        res = _combine(pair, res, tuple(gep(v, lanes(u)) for v in state))
     return res
 
 
-def _butterfly(state: State, lanes: int, c: float) -> State:
+def _butterfly(pair: Pair, state: State, lanes: int) -> State:
     """`state` combined over each aligned run of `lanes` threads of a warp by shuffles (`lowerer._butterfly`)."""
     offset = lanes // 2
     while offset >= 1:
@@ -144,16 +264,14 @@ def _butterfly(state: State, lanes: int, c: float) -> State:
             vectorize([UOp(Ops.SHUFFLE_XOR, v.dtype.scalar(), (gep(v, (o,)),), offset) for o in range(v.dtype.count)])
             for v in state
         )
-        state = _combine(state, (other[0], other[1]), c)
+        state = _combine(pair, state, other)
         offset //= 2
     return state
 
 
-def _through_shared(
-    lw: _Lowerer, pair: OnlineSoftmax, state: State, row: UOp, slot: UOp, n: int, writer: UOp | None
-) -> State:
+def _through_shared(lw: _Lowerer, pair: Pair, state: State, row: UOp, slot: UOp, n: int, writer: UOp | None) -> State:
     """Combine the states of `n` threads (or warps) per row of a workgroup through local memory, one buffer per
-    component (`lowerer._Lowerer._through_shared` for a pair)."""
+    component (`lowerer._Lowerer._through_shared` for a state)."""
     k = lw.k
     n_out = state[0].dtype.count
     size = k.lanes(AxisType.LOCAL) * n * n_out
@@ -171,26 +289,24 @@ def _through_shared(
 
     def partial(i: UOp) -> State:
         first = (row * n + i) * n_out
-        m, s = (
+        return tuple(
             vectorize(
                 [UOp(Ops.LOAD, b.dtype.base, (UOp(Ops.INDEX, b.dtype, (b, first + o)), barrier)) for o in range(n_out)]
             )
             for b in bufs
         )
-        return m, s
 
     if k.warp_split() is not None and n & (n - 1) == 0 and n <= warp_size(k.renderer):
-        return _butterfly(partial(lw._flat(k.axes(AxisType.GROUP_REDUCE)) % n), n, pair.scale)
+        return _butterfly(pair, partial(lw._flat(k.axes(AxisType.GROUP_REDUCE)) % n), n)
     second = UOp.range(n, k.rank + lw.local_buffers)
     dtype = state[0].dtype.scalar()
-    acc_m = lw._acc(dtype, n_out, UOp.const(dtype, -math.inf), (second,))
-    acc_s = lw._acc(dtype, n_out, UOp.const(dtype, 0.0), (second,))
-    m, s = _combine((acc_m, acc_s), partial(second), pair.scale)
-    return UOp(Ops.ASSIGN, acc_m.dtype, (acc_m, m)), UOp(Ops.ASSIGN, acc_s.dtype, (acc_s, s))
+    accs = tuple(lw._acc(dtype, n_out, UOp.const(dtype, ident), (second,)) for ident in _identities(pair))
+    new = _combine(pair, accs, partial(second))
+    return tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
 
 
-def _group(lw: _Lowerer, pair: OnlineSoftmax, state: State) -> State:
-    """The states of a row's threads combined (`lowerer._Lowerer._group_reduce` for a pair)."""
+def _group(lw: _Lowerer, pair: Pair, state: State) -> State:
+    """The states of a row's threads combined (`lowerer._Lowerer._group_reduce` for a state)."""
     k = lw.k
     groups, local = k.axes(AxisType.GROUP_REDUCE), k.axes(AxisType.LOCAL)
     l_flat, g_flat = lw._flat(local), lw._flat(groups)
@@ -198,31 +314,18 @@ def _group(lw: _Lowerer, pair: OnlineSoftmax, state: State) -> State:
     if (split := k.warp_split()) is None:
         return _through_shared(lw, pair, state, l_flat, g_flat, k.lanes(AxisType.GROUP_REDUCE), None)
     lanes, warps = split
-    state = _butterfly(state, lanes, pair.scale)
+    state = _butterfly(pair, state, lanes)
     if warps == 1:
         return state
     return _through_shared(lw, pair, state, l_flat, g_flat // lanes, warps, (g_flat % lanes).eq(0))
 
 
-def _step(m: UOp, s: UOp, xs: list[UOp], c: float) -> State:
-    """The state after one loop step reading the vectors `xs` (one lane per accumulator lane each)."""
-    peak = xs[0]
-    for x in xs[1:]:
-        peak = peak.alu(Ops.MAX, x)
-    new_m = m.alu(Ops.MAX, peak)
-    total = s * _rescale(m, new_m, c)
-    for x in xs:
-        # an element of -inf adds 0 even while the max is still -inf (where (x - m) would be NaN)
-        total = total + x.eq(_splat(x, -math.inf)).where(_splat(x, 0.0), _exp2_scaled(x - new_m, c))
-    return new_m, total
-
-
-def lower_online(lw: _Lowerer, pair: OnlineSoftmax) -> State:
-    """The results (one lane per output lane) of `pair.peak` and `pair.total`, computed in one loop over the rows:
-    the loops of the pair's level (0), with the accumulator layout a plain reduction there would get."""
+def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
+    """The results (one lane per output lane) of both reductions of `pair`, computed in one loop over the rows: the
+    loops of the pair's level (0), with the accumulator layout a plain reduction there would get."""
     from lazygrad_codegen.lowerer import _acc_lanes, _Lanes
 
-    k, c = lw.k, pair.scale
+    k = lw.k
     ranges = lw.ranges[0]
     n_out = lw.out.n
     n_unroll = lw.full.n // n_out
@@ -231,31 +334,58 @@ def lower_online(lw: _Lowerer, pair: OnlineSoftmax) -> State:
     if dot:
         n_un = len(k.axes(AxisType.UNROLL))
         full = _Lanes(full.axes[n_un:] + full.axes[:n_un], full.sizes[n_un:] + full.sizes[:n_un])
-    x = lw.value(pair.peak.src[0], full)
-    dtype = pair.total.dtype
-    neg_inf = UOp.const(dtype, -math.inf)
+    first = pair_first(pair)
+    x = lw.value(first.src[0], full)
+    dtype = first.dtype
+    steps = range(n_unroll // apart)
+    slices = [gep(x, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
+    valid = None
     if k.reduce_mask is not None:
-        # padded elements count as -inf: no effect on the max, 0 in the sum
-        valid = [v for _, v in lw.indexed(k.reduce_mask, full)]
-        x = vectorize([v.where(gep(x, (i,)), neg_inf) for i, v in enumerate(valid)])
-    slices = [gep(x, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in range(n_unroll // apart)]
+        mask = vectorize([v for _, v in lw.indexed(k.reduce_mask, full)])
+        valid = [gep(mask, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
     n_acc = n_out * apart
+    shift = first_of_row = None
+    if isinstance(pair, OnlineVariance):
+        # the row's first element, one per output lane, then per accumulator lane (`lowerer._acc_lanes`'s order)
+        at_zero = tuple((a, (UOp.const(lw.idx_dt, 0),) * n_out) for a in k.axes(*REDUCE_TYPES))
+        first_of_row = lw.value(pair.total.src[0], _Lanes(lw.out.axes, lw.out.sizes, pins=at_zero))
+        # (an infinite or NaN first element shifts nothing: the sums then see the values themselves, as unshifted)
+        first_of_row = (
+            (first_of_row - first_of_row).eq(_splat(first_of_row, 0.0)).where(first_of_row, _splat(first_of_row, 0.0))
+        )
+        order = (
+            [o for o in range(n_out) for _ in range(apart)] if dot else [o for _ in range(apart) for o in range(n_out)]
+        )
+        shift = gep(first_of_row, order)
     if ranges:
-        acc_m = lw._acc(dtype, n_acc, neg_inf, ranges)
-        acc_s = lw._acc(dtype, n_acc, UOp.const(dtype, 0.0), ranges)
-        m, s = _step(acc_m, acc_s, slices, c)
-        state: State = (UOp(Ops.ASSIGN, acc_m.dtype, (acc_m, m)), UOp(Ops.ASSIGN, acc_s.dtype, (acc_s, s)))
+        accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair))
+        new = _step(pair, accs, slices, valid, shift)
+        state: State = tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
     else:
-        state = _step(vectorize([neg_inf] * n_acc), vectorize([UOp.const(dtype, 0.0)] * n_acc), slices, c)
-    state = _fold(state, n_out, apart, dot, c)
+        start = tuple(vectorize([UOp.const(dtype, ident)] * n_acc) for ident in _identities(pair))
+        state = _step(pair, start, slices, valid, shift)
+    state = _fold(pair, state, n_out, apart, dot)
     if k.axes(AxisType.GROUP_REDUCE):
         state = _group(lw, pair, state)
-    m, s = state
-    # a row of -inf only: the nested form's sum of exp2((-inf - -inf) * c) is NaN (an empty row keeps its 0)
-    if all(isinstance(n, int) and n > 0 for n in (k.full_shape[a] for a in _reduced_axes(k))):
-        s = m.eq(_splat(m, -math.inf)).where(_splat(s, math.nan), s)
-    return m, s
+    if isinstance(pair, OnlineSoftmax):
+        m, s = state
+        # a row of -inf only: the nested form's sum of exp2((-inf - -inf) * c) is NaN (an empty row keeps its 0)
+        if all(isinstance(n, int) and n > 0 for n in (k.full_shape[a] for a in _reduced_axes(k))):
+            s = m.eq(_splat(m, -math.inf)).where(_splat(s, math.nan), s)
+        return {pair.peak: m, pair.total: s}
+    count, mean, m2, deviations = state
+    assert first_of_row is not None
+    total = count * first_of_row + deviations
+    # the total is known now: the mean the graph computes from it (read above the loops), as an offset from K
+    lw.memo[("online", pair.total)] = total
+    off = mean - (lw.value(pair.mean, lw.out) - first_of_row)
+    return {pair.total: total, pair.squares: m2 + count * off * off}
 
 
 def _reduced_axes(k: Kernel) -> list[int]:
     return k.axes(AxisType.REDUCE, AxisType.GROUP_REDUCE, AxisType.UNROLL)
+
+
+def pair_first(pair: Pair) -> UOp:
+    """The reduction of `pair` that reads no other: the one whose loops both share."""
+    return pair.peak if isinstance(pair, OnlineSoftmax) else pair.total
