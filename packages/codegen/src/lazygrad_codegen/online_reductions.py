@@ -19,14 +19,14 @@ the factors of the later max raises (a few per row on most data), each within an
 For `Q = sum((x - a) ** 2)` with `a = f(S)`, `S = sum(x)` (layernorm's variance, `a = S / n`), the loop works on
 the deviations `d = x - K` from the row's first element `K` (0 where that is infinite or NaN): per accumulator lane a
 count, their mean and sum of squared deviations from it (Welford's update, each step's elements folded in as one
-chunk), and their plain sum; lanes, warps and threads merge those by Chan's parallel formula. Then
-`S = n * K + sum(d)` and `Q = M2 + n * (mean - t) ** 2` with `t = a - K` (an identity; the second term ~0). The shift
-keeps the running mean small against the spread: Welford on the raw values drifts by its roundings where the mean
-is far from zero (fp32 rows around 1e4 with spread 3 lose 1e-3 of the variance at 4,097 elements), shifted sums of
-squares cancel where the first element is far out of the row (every digit, for a first element 64 spreads away),
-the sum of squares minus the squared sum loses every digit on both; Welford on the shifted values keeps the
-two-pass form's accuracy on both, and S is within an ulp or two at any offset (a sequential sum of 4,097 values
-near 1e4 is off by 1e-6 of itself).
+chunk), and the plain sums of d and of x; lanes, warps and threads merge those by Chan's parallel formula and by
+adding. Then `Q = M2 + n * (mean - t) ** 2` with `t = a - K` (an identity; the second term ~0), and S is the plain
+sum, or `n * K + sum(d)` where that sum is the smaller (rows far from zero). The shift keeps the running mean small
+against the spread: Welford on the raw values drifts by its roundings where the mean is far from zero (fp32 rows
+around 1e4 with spread 3 lose 1e-3 of the variance at 4,097 elements), shifted sums of squares cancel where the
+first element is far out of the row (every digit, for a first element 64 spreads away), the sum of squares minus
+the squared sum loses every digit on both; Welford on the shifted values stays within ~1e-6 of the variance on
+both.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ def _rescale(m: UOp, new_m: UOp, c: float) -> UOp:
 
 
 def _identities(pair: Pair) -> tuple[float, ...]:
-    """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d))."""
-    return (-math.inf, 0.0) if isinstance(pair, OnlineSoftmax) else (0.0, 0.0, 0.0, 0.0)
+    """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d), sum(x))."""
+    return (-math.inf, 0.0) if isinstance(pair, OnlineSoftmax) else (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _combine(pair: Pair, a: State, b: State) -> State:
@@ -185,13 +185,13 @@ def _combine(pair: Pair, a: State, b: State) -> State:
     if isinstance(pair, OnlineSoftmax):
         m = a[0].alu(Ops.MAX, b[0])
         return m, a[1] * _rescale(a[0], m, pair.scale) + b[1] * _rescale(b[0], m, pair.scale)
-    (na, ma, qa, sa), (nb, mb, qb, sb) = a, b
+    (na, ma, qa, *sa), (nb, mb, qb, *sb) = a, b
     n = na + nb
     # (a part of no elements, a padded lane's, leaves the other as it is)
     zero = _splat(n, 0.0)
     frac = (zero < n).where(nb * n.alu(Ops.RECIP), zero)
     delta = mb - ma
-    return n, ma + delta * frac, qa + qb + delta * delta * na * frac, sa + sb
+    return (n, ma + delta * frac, qa + qb + delta * delta * na * frac, *(x + y for x, y in zip(sa, sb, strict=True)))
 
 
 def _step(pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shift: UOp | None) -> State:
@@ -236,12 +236,12 @@ def _step(pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shif
             e = d - mean
             e = e if valid is None else valid[i].where(e, zero)
             squares = squares + e * e
-    n, m, q = _combine(pair, state, (count, mean, squares, zero))[:3]
-    # the sum of the deviations, element by element: S = n * K + sum(d), within an ulp or two of S at any offset
-    total = state[3]
-    for d in ds:
-        total = total + d
-    return n, m, q, total
+    n, m, q = _combine(pair, state, (count, mean, squares, zero, zero))[:3]
+    # the plain sums of the deviations and of the values, element by element (`lower_online` picks one for S)
+    deviations, total = state[3], state[4]
+    for d, x in zip(ds, xs, strict=True):
+        deviations, total = deviations + d, total + x
+    return n, m, q, deviations, total
 
 
 def _fold(pair: Pair, state: State, n_out: int, apart: int, dot: bool) -> State:
@@ -373,9 +373,16 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         if all(isinstance(n, int) and n > 0 for n in (k.full_shape[a] for a in _reduced_axes(k))):
             s = m.eq(_splat(m, -math.inf)).where(_splat(s, math.nan), s)
         return {pair.peak: m, pair.total: s}
-    count, mean, m2, deviations = state
+    count, mean, m2, deviations, plain = state
     assert first_of_row is not None
-    total = count * first_of_row + deviations
+    # S as n * K + sum(d) (one rounding where the device fuses the multiply-add) where that is the smaller sum: a
+    # sequential sum's error grows with its partial sums, so rows far from zero (whose plain sum grows to n times
+    # the offset) take the shifted one, rows near zero the plain one; a NaN or infinite sum stays the plain one
+    shifted = count.alu(Ops.MULACC, first_of_row, deviations)
+    bound = (count * deviations.alu(Ops.MAX, -deviations)) + (count * first_of_row).alu(
+        Ops.MAX, -(count * first_of_row)
+    )
+    total = (bound < count * plain.alu(Ops.MAX, -plain)).where(shifted, plain)
     # the total is known now: the mean the graph computes from it (read above the loops), as an offset from K
     lw.memo[("online", pair.total)] = total
     off = mean - (lw.value(pair.mean, lw.out) - first_of_row)

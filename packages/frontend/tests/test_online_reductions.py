@@ -1,7 +1,8 @@
-"""Online softmax (`lazygrad_codegen.online_reductions`): the row's max and its sum of exponentials computed in one
-loop, so softmax, log_softmax and cross-entropy read each row at most twice (counted from the programs' global
-loads); values against torch for special rows (-inf, +inf, large values), odd widths and fp16/bf16/fp32, on CPU,
-PYTHON, CL and the PYTHON device emulating a GPU (warp shuffles, or local memory only)."""
+"""Online reductions (`lazygrad_codegen.online_reductions`): the row's max and its sum of exponentials, or its sum
+and squared deviations from the mean, computed in one loop, so softmax, log_softmax, cross-entropy and layernorm
+forward read each row at most twice (counted from the programs' global loads); values against torch (and float64
+numpy for the variance's accuracy) for special rows (-inf, +inf, large values, rows far from zero), odd widths and
+fp16/bf16/fp32, on CPU, PYTHON, CL and the PYTHON device emulating a GPU (warp shuffles, or local memory only)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _reads_rows(u: UOp, numel: int) -> bool:
 
 def row_reads(t: Tensor, rows: int, width: int, itemsize: int = 4) -> list[float]:
     """How often each kernel of `t`'s schedule reads the (rows, width) inputs: the bytes its programs load from
-    buffers of that size, in units of one such input (loads of values per row left out)."""
+    buffers of that size, in units of one such input (loads of values per row left out; layernorm's first element of
+    each row, its shift, adds 1/width)."""
     out = []
     for si in t.schedule():
         if si.ast.op is not Ops.SINK:
@@ -65,24 +67,27 @@ OPS = {
     "log_softmax": lambda t: t.log_softmax(-1),
 }
 TORCH = {"softmax": lambda r: r.softmax(-1), "log_softmax": lambda r: r.log_softmax(-1)}
+READ_TWICE = {**OPS, "layernorm": lambda t: t.layernorm(-1)}
 
 
 # *** reads ***
 
 
-@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("name", sorted(READ_TWICE))
 def test_forward_reads_each_row_twice_on_the_cpu(name: str) -> None:
     rows, width = 16, 4096
-    reads = row_reads(OPS[name](Tensor.empty(rows, width)), rows, width)
-    assert len(reads) == 2 and reads == pytest.approx([1.0, 1.0]), reads
+    reads = row_reads(READ_TWICE[name](Tensor.empty(rows, width)), rows, width)
+    assert len(reads) == 2 and reads == pytest.approx([1.0, 1.0], abs=1e-3), reads
 
 
 @pytest.mark.parametrize("emulated_gpu", [32, 0], ids=["shuffles", "local_memory"], indirect=True)
-@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("name", sorted(READ_TWICE))
 def test_forward_reads_each_row_twice_on_an_emulated_gpu(emulated_gpu: str, name: str) -> None:
     rows, width = 40, 2048
-    reads = row_reads(OPS[name](Tensor.empty(rows, width, device=emulated_gpu)), rows, width)
-    assert reads == pytest.approx([1.0, 1.0]), reads
+    reads = row_reads(READ_TWICE[name](Tensor.empty(rows, width, device=emulated_gpu)), rows, width)
+    # (layernorm's shift: each of a row's 256 threads reads the row's first element, one address, cached)
+    threads = 256 if name == "layernorm" else 0
+    assert reads == pytest.approx([1.0, 1.0], abs=threads / width + 1e-9), reads
 
 
 def test_cross_entropy_forward_reads_the_logits_at_most_twice() -> None:
@@ -198,3 +203,67 @@ def test_the_pair_is_found_in_softmax_and_not_in_a_negative_exponent() -> None:
     m = x.max(-1, keepdim=True)
     assert pairs((-(x - m)).exp().sum(-1)) == 0
     assert dtypes.float32 == x.dtype
+
+
+# *** layernorm and variance ***
+
+
+def layernorm_rows(width: int) -> np.ndarray:
+    a = (RNG.standard_normal((6, width)) * 3).astype(np.float32)
+    a[1] += 1e4  # far from zero: the sum of squares minus the squared sum would lose every digit
+    a[2, 0] = 300.0  # a first element far out of the row (the shift of the deviations)
+    a[3] = 7.0  # constant: variance 0
+    a[4] *= 1e-3
+    return a
+
+
+def layernorm_error(device: str, a: np.ndarray) -> float:
+    ours = Tensor(a, device=device).layernorm(-1).numpy()
+    ref = torch.nn.functional.layer_norm(torch.tensor(a, dtype=torch.float64), a.shape[-1:]).numpy()
+    return float(np.abs(ours - ref).max())
+
+
+@pytest.mark.parametrize("width", [1, 2, 7, 100, 1000, 4097, 65536])
+def test_layernorm_is_about_as_accurate_as_torch_on_the_cpu(width: int) -> None:
+    a = layernorm_rows(width)
+    theirs = torch.nn.functional.layer_norm(torch.tensor(a), a.shape[-1:]).numpy()
+    ref = torch.nn.functional.layer_norm(torch.tensor(a, dtype=torch.float64), a.shape[-1:]).numpy()
+    # rows far from zero are off by the rounding of their mean in float32 (torch's too): within a few times torch's
+    # own error on these rows; the sum of squares minus the squared sum would be off by whole units on row 1
+    assert layernorm_error("CPU", a) <= 5 * float(np.abs(theirs - ref).max()) + 5e-5
+
+
+@pytest.mark.parametrize("emulated_gpu", [32, 0], ids=["shuffles", "local_memory"], indirect=True)
+@pytest.mark.parametrize("width", [1, 33, 1030])
+def test_layernorm_rows_on_an_emulated_gpu_match_float64(emulated_gpu: str, width: int) -> None:
+    a = np.concatenate([layernorm_rows(width)] * 7)[:40]
+    assert layernorm_error(emulated_gpu, a) <= 3e-4
+
+
+@pytest.mark.parametrize("device", ["PYTHON", "CL"])
+def test_layernorm_rows_on_other_devices_match_float64(device: str) -> None:
+    try:
+        Device[device]
+    except Exception as e:  # noqa: BLE001 - any reason the device can't open
+        pytest.skip(f"{device} unavailable: {e}")
+    assert layernorm_error(device, layernorm_rows(37)) <= 3e-4
+
+
+def test_layernorm_of_infinite_rows_is_nan_as_torch() -> None:
+    a = RNG.standard_normal((3, 9)).astype(np.float32)
+    a[0, 0] = np.inf  # the shift itself
+    a[1, 4] = -np.inf
+    a[2, 2] = np.nan
+    ours = Tensor(a).layernorm(-1).numpy()
+    ref = torch.nn.functional.layer_norm(torch.tensor(a), (9,)).numpy()
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_layernorm_matches_torch(dtype: str) -> None:
+    a = (RNG.standard_normal((4, 300)) * 3 + 5).astype(np.float32)
+    ours = Tensor(a).cast(dtype).layernorm(-1).float().numpy()
+    ref = torch.nn.functional.layer_norm(torch.tensor(a).to(getattr(torch, dtype)).float(), (300,)).numpy()
+    # computed in the input's precision (torch upcasts to float32 inside): two of its ulps (2^-10, 2^-7 relative)
+    ulp = {"float16": 2**-10, "bfloat16": 2**-7}[dtype]
+    np.testing.assert_allclose(ours, ref, rtol=2 * ulp, atol=2 * ulp)
