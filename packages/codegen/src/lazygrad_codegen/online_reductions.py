@@ -194,9 +194,12 @@ def _combine(pair: Pair, a: State, b: State) -> State:
     return (n, ma + delta * frac, qa + qb + delta * delta * na * frac, *(x + y for x, y in zip(sa, sb, strict=True)))
 
 
-def _step(pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shift: UOp | None) -> State:
+def _step(
+    pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shift: UOp | None, step: UOp | None = None
+) -> State:
     """The state after one loop step reading the vectors `xs` (one lane per accumulator lane each; `valid` says
-    which lanes hold elements where the rows are padded; `shift` the first element of each lane's row)."""
+    which lanes hold elements where the rows are padded; `shift` the first element of each lane's row; `step`, where
+    every lane counts the same elements, the index of the step in the only reduce loop, which gives the counts)."""
     if isinstance(pair, OnlineSoftmax):
         m, s = state
         # padded elements read as -inf: no effect on the max, 0 in the sum
@@ -236,7 +239,18 @@ def _step(pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shif
             e = d - mean
             e = e if valid is None else valid[i].where(e, zero)
             squares = squares + e * e
-    n, m, q = _combine(pair, state, (count, mean, squares, zero, zero))[:3]
+    if step is None:
+        n, m, q = _combine(pair, state, (count, mean, squares, zero, zero))[:3]
+    else:
+        # the counts before and after this step are the same in every lane: (step * k) and (step + 1) * k, so the
+        # merge's fraction k / n is one scalar division per step, not one per lane
+        k = len(xs)
+        before = step.cast(zero.dtype.scalar()) * UOp.const(zero.dtype.scalar(), k)
+        frac = UOp.const(zero.dtype.scalar(), k) * (before + UOp.const(zero.dtype.scalar(), k)).alu(Ops.RECIP)
+        n, delta = state[0], mean - state[1]
+        frac_v = vectorize([frac] * delta.dtype.count)
+        m = state[1] + delta * frac_v
+        q = state[2] + squares + delta * delta * vectorize([before] * delta.dtype.count) * frac_v
     # the plain sums of the deviations and of the values, element by element (`lower_online` picks one for S)
     deviations, total = state[3], state[4]
     for d, x in zip(ds, xs, strict=True):
@@ -344,6 +358,7 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         mask = vectorize([v for _, v in lw.indexed(k.reduce_mask, full)])
         valid = [gep(mask, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
     n_acc = n_out * apart
+    state: State
     shift = first_of_row = None
     if isinstance(pair, OnlineVariance):
         # the row's first element, one per output lane, then per accumulator lane (`lowerer._acc_lanes`'s order)
@@ -357,10 +372,17 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
             [o for o in range(n_out) for _ in range(apart)] if dot else [o for _ in range(apart) for o in range(n_out)]
         )
         shift = gep(first_of_row, order)
-    if ranges:
+    trips = ranges[0].src[0].arg if len(ranges) == 1 and ranges[0].src[0].op is Ops.CONST else None
+    if isinstance(pair, OnlineVariance) and valid is None and isinstance(trips, int):
+        # every lane counts the same elements: the count is the loop's, no accumulator of its own
+        accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair)[1:])
+        count = vectorize([UOp.const(dtype, float(trips * len(slices)))] * n_acc)
+        new = _step(pair, (count, *accs), slices, None, shift, ranges[0])[1:]
+        state = (count, *(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True)))
+    elif ranges:
         accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair))
         new = _step(pair, accs, slices, valid, shift)
-        state: State = tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
+        state = tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
     else:
         start = tuple(vectorize([UOp.const(dtype, ident)] * n_acc) for ident in _identities(pair))
         state = _step(pair, start, slices, valid, shift)
