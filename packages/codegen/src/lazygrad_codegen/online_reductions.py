@@ -31,6 +31,7 @@ both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -47,11 +48,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OnlineSoftmax:
-    """`total = sum(exp2((x - max(x)) * scale))` over the rows of `peak = max(x)`, both over the same axes."""
+    """`total = sum(exp2((x - max(x)) * scale))` over the rows of `peak = max(x)`, both over the same axes; and each
+    `(sum, weight, row)` of `weighted`, a reduction `sum(weight * exp2(...) * row)` of the same term (softmax's
+    backward: the incoming gradient times the softmax, `exp2(...) * (1 / total)`), `weight` reading no reduction and
+    `row` only the pair's results (either None where there is none): computed as `row * sum(weight * exp2(...))`,
+    the weighted sum rescaled with `total`."""
 
     peak: UOp
     total: UOp
     scale: float
+    weighted: tuple[tuple[UOp, UOp | None, UOp | None], ...] = ()
 
 
 def _const(u: UOp) -> float | None:
@@ -153,7 +159,69 @@ def find_online(k: Kernel) -> dict[UOp, Pair]:
         elif (var := _online_variance(red)) is not None and var.total not in out:
             if sum(1 for u in red.src[0].toposort for s in u.src if s is var.mean) == 1:
                 out[var.total] = out[var.squares] = var
+    for red in k.reduceops:
+        if red in out or red.arg[0] is not Ops.ADD:
+            continue
+        for pair in {id(p): p for p in out.values() if isinstance(p, OnlineSoftmax)}.values():
+            if (found := _weighted(red, pair)) is not None:
+                grown = dataclasses.replace(pair, weighted=(*pair.weighted, found))
+                for r, p in list(out.items()):
+                    if p is pair:
+                        out[r] = grown
+                out[red] = grown
+                break
     return out
+
+
+def _factors(u: UOp) -> list[UOp]:
+    """The operands of the tree of MULs at `u`."""
+    return [f for s in u.src for f in _factors(s)] if u.op is Ops.MUL else [u]
+
+
+def _reads_only(u: UOp, allowed: set[UOp]) -> bool:
+    """Whether `u` reads no buffer and no reduction but those in `allowed` (a value per row of them)."""
+    stack, seen = [u], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x.op is Ops.REDUCE_AXIS:
+            if x not in allowed:
+                return False
+            continue
+        if x.op is Ops.LOAD:
+            return False
+        stack.extend(x.src)
+    return True
+
+
+def _product(factors: list[UOp]) -> UOp | None:
+    out = None
+    for f in factors:
+        out = f if out is None else UOp(Ops.MUL, out.dtype, (out, f))
+    return out
+
+
+def _weighted(red: UOp, pair: OnlineSoftmax) -> tuple[UOp, UOp | None, UOp | None] | None:
+    """`(red, weight, row)` when `red` sums `weight * exp2(...) * row` over the rows of `pair` (`OnlineSoftmax`)."""
+    term = pair.total.src[0]
+    if red.arg[1] != pair.total.arg[1] or red.dtype != pair.total.dtype:
+        return None
+    factors = _factors(red.src[0])
+    if sum(1 for f in factors if f is term) != 1:
+        return None
+    weight, row = [], []
+    for f in factors:
+        if f is term:
+            continue
+        if not any(u.op is Ops.REDUCE_AXIS for u in f.toposort):
+            weight.append(f)
+        elif _reads_only(f, {pair.peak, pair.total}):
+            row.append(f)
+        else:
+            return None
+    return red, _product(weight), _product(row)
 
 
 # *** lowering ***
@@ -177,14 +245,17 @@ def _rescale(m: UOp, new_m: UOp, c: float) -> UOp:
 
 def _identities(pair: Pair) -> tuple[float, ...]:
     """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d), sum(x))."""
-    return (-math.inf, 0.0) if isinstance(pair, OnlineSoftmax) else (0.0, 0.0, 0.0, 0.0, 0.0)
+    if isinstance(pair, OnlineSoftmax):
+        return (-math.inf, 0.0) + (0.0,) * len(pair.weighted)
+    return (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _combine(pair: Pair, a: State, b: State) -> State:
     """Two partial states of the same rows merged."""
     if isinstance(pair, OnlineSoftmax):
         m = a[0].alu(Ops.MAX, b[0])
-        return m, a[1] * _rescale(a[0], m, pair.scale) + b[1] * _rescale(b[0], m, pair.scale)
+        ra, rb = _rescale(a[0], m, pair.scale), _rescale(b[0], m, pair.scale)
+        return (m, *(x * ra + y * rb for x, y in zip(a[1:], b[1:], strict=True)))
     (na, ma, qa, *sa), (nb, mb, qb, *sb) = a, b
     n = na + nb
     # (a part of no elements, a padded lane's, leaves the other as it is)
@@ -195,13 +266,20 @@ def _combine(pair: Pair, a: State, b: State) -> State:
 
 
 def _step(
-    pair: Pair, state: State, xs: list[UOp], valid: list[UOp] | None, shift: UOp | None, step: UOp | None = None
+    pair: Pair,
+    state: State,
+    xs: list[UOp],
+    valid: list[UOp] | None,
+    shift: UOp | None,
+    step: UOp | None = None,
+    weights: list[list[UOp] | None] | None = None,
 ) -> State:
     """The state after one loop step reading the vectors `xs` (one lane per accumulator lane each; `valid` says
     which lanes hold elements where the rows are padded; `shift` the first element of each lane's row; `step`, where
-    every lane counts the same elements, the index of the step in the only reduce loop, which gives the counts)."""
+    every lane counts the same elements, the index of the step in the only reduce loop, which gives the counts;
+    `weights` the weights of each weighted sum, like `xs`, None for a weight of 1)."""
     if isinstance(pair, OnlineSoftmax):
-        m, s = state
+        m, *sums = state
         # padded elements read as -inf: no effect on the max, 0 in the sum
         if valid is not None:
             xs = [v.where(x, _splat(x, -math.inf)) for x, v in zip(xs, valid, strict=True)]
@@ -209,12 +287,15 @@ def _step(
         for x in xs[1:]:
             peak = peak.alu(Ops.MAX, x)
         new_m = m.alu(Ops.MAX, peak)
-        total = s * _rescale(m, new_m, pair.scale)
-        for x in xs:
+        scale = _rescale(m, new_m, pair.scale)
+        sums = [v * scale for v in sums]
+        for i, x in enumerate(xs):
             # an element of -inf adds 0 even while the max is still -inf (where (x - m) would be NaN)
-            term = _exp2_scaled(x - new_m, pair.scale)
-            total = total + x.eq(_splat(x, -math.inf)).where(_splat(x, 0.0), term)
-        return new_m, total
+            term = x.eq(_splat(x, -math.inf)).where(_splat(x, 0.0), _exp2_scaled(x - new_m, pair.scale))
+            sums[0] = sums[0] + term
+            for j, w in enumerate(weights or []):
+                sums[j + 1] = sums[j + 1] + (term if w is None else w[i] * term)
+        return (new_m, *sums)
     assert shift is not None
     zero = _splat(xs[0], 0.0)
     ds = [x - shift for x in xs]
@@ -358,6 +439,10 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         mask = vectorize([v for _, v in lw.indexed(k.reduce_mask, full)])
         valid = [gep(mask, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
     n_acc = n_out * apart
+    weights: list[list[UOp] | None] = []
+    for _, weight, _ in pair.weighted if isinstance(pair, OnlineSoftmax) else ():
+        w = None if weight is None else lw.value(weight, full)
+        weights.append(None if w is None else [gep(w, _acc_lanes(st, n_out, n_unroll, apart, dot)) for st in steps])
     state: State
     shift = first_of_row = None
     if isinstance(pair, OnlineVariance):
@@ -381,20 +466,25 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         state = (count, *(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True)))
     elif ranges:
         accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair))
-        new = _step(pair, accs, slices, valid, shift)
+        new = _step(pair, accs, slices, valid, shift, weights=weights)
         state = tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
     else:
         start = tuple(vectorize([UOp.const(dtype, ident)] * n_acc) for ident in _identities(pair))
-        state = _step(pair, start, slices, valid, shift)
+        state = _step(pair, start, slices, valid, shift, weights=weights)
     state = _fold(pair, state, n_out, apart, dot)
     if k.axes(AxisType.GROUP_REDUCE):
         state = _group(lw, pair, state)
     if isinstance(pair, OnlineSoftmax):
-        m, s = state
+        m, *sums = state
         # a row of -inf only: the nested form's sum of exp2((-inf - -inf) * c) is NaN (an empty row keeps its 0)
         if all(isinstance(n, int) and n > 0 for n in (k.full_shape[a] for a in _reduced_axes(k))):
-            s = m.eq(_splat(m, -math.inf)).where(_splat(s, math.nan), s)
-        return {pair.peak: m, pair.total: s}
+            sums = [m.eq(_splat(m, -math.inf)).where(_splat(v, math.nan), v) for v in sums]
+        out = {pair.peak: m, pair.total: sums[0]}
+        lw.memo[("online", pair.peak)], lw.memo[("online", pair.total)] = m, sums[0]
+        for (red, _, row), v in zip(pair.weighted, sums[1:], strict=True):
+            # the factor of every element of the row, known now (it reads the pair's results)
+            out[red] = v if row is None else v * lw.value(row, lw.out)
+        return out
     count, mean, m2, deviations, plain = state
     assert first_of_row is not None
     # S as n * K + sum(d) (one rounding where the device fuses the multiply-add) where that is the smaller sum: a
