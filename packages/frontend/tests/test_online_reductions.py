@@ -115,6 +115,37 @@ def test_softmax_backward_reads_twice_on_an_emulated_gpu(emulated_gpu: str) -> N
     assert row_reads(x.grad, rows, width) == pytest.approx([2.0, 2.0]), "x and g once each per kernel"
 
 
+@pytest.mark.parametrize("emulated_gpu", [32, 0], ids=["shuffles", "local_memory"], indirect=True)
+def test_layernorm_backward_reads_twice_on_an_emulated_gpu(emulated_gpu: str) -> None:
+    # the gradient's sums of g and g * (x - mean) join the mean and variance's loop (sums of g and g * (x - K) kept
+    # beside them): x and g once each in each of the two kernels
+    rows, width = 40, 2048
+    x = Tensor.empty(rows, width, device=emulated_gpu, requires_grad=True)
+    x.layernorm(-1).backward(Tensor.empty(rows, width, device=emulated_gpu))
+    assert row_reads(x.grad, rows, width) == pytest.approx([2.0, 2.0], abs=256 / width), "x and g once per kernel"
+
+
+def test_layernorm_backward_reads_twice_on_the_cpu() -> None:
+    rows, width = 16, 4096
+    x = Tensor.empty(rows, width, requires_grad=True)
+    x.layernorm(-1).backward(Tensor.empty(rows, width))
+    assert row_reads(x.grad, rows, width) == pytest.approx([2.0, 2.0], abs=1e-3)
+
+
+@pytest.mark.parametrize("width", [1, 7, 100, 1000, 4097])
+def test_layernorm_backward_matches_float64(width: int) -> None:
+    a = layernorm_rows(width)[[0, 1, 2, 4]]  # (a constant row's gradient is eps-dominated, in torch too)
+    g = RNG.standard_normal(a.shape).astype(np.float32)
+    x = Tensor(a, requires_grad=True)
+    x.layernorm(-1).backward(Tensor(g))
+    r = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.layer_norm(r, (width,)).backward(torch.tensor(g, dtype=torch.float64))
+    t32 = torch.tensor(a, requires_grad=True)
+    torch.nn.functional.layer_norm(t32, (width,)).backward(torch.tensor(g))
+    ref = r.grad.numpy()
+    assert np.abs(x.grad.numpy() - ref).max() <= 5 * np.abs(t32.grad.numpy() - ref).max() + 5e-5
+
+
 @pytest.mark.parametrize("device", ["CPU", "PYTHON", "CL"])
 @pytest.mark.parametrize("width", [1, 7, 300])
 def test_softmax_backward_of_special_rows_matches_torch(device: str, width: int) -> None:

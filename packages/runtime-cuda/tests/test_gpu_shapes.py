@@ -82,6 +82,19 @@ def test_row_reductions_are_two_programs_that_nvrtc_compiles(renderer: CUDARende
             assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
 
 
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+def test_row_backward_is_two_programs_with_one_loop_that_nvrtc_compiles(renderer: CUDARenderer, kind: str) -> None:
+    # the gradient's sums over the row join the recomputed forward reductions' one loop (online reductions)
+    x = Tensor.empty(4096, 4096, device="PYTHON", requires_grad=True)
+    getattr(x, kind)(-1).backward(_t(4096, 4096))
+    specs = programs(x.grad, renderer)
+    assert len(specs) == 2, [s.name for s in specs]
+    assert specs[0].src.count("for (") == 1, specs[0].src
+    for spec in specs:
+        for arch in ARCHS:
+            assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
+
+
 def test_the_fp16_add_has_at_least_128_threads_per_workgroup(renderer: CUDARenderer) -> None:
     (spec,) = programs(_t(2**26, dtype=dtypes.float16) + _t(2**26, dtype=dtypes.float16), renderer)
     assert 128 <= math.prod(spec.local_size) <= 512

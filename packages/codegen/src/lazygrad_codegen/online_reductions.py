@@ -27,6 +27,12 @@ around 1e4 with spread 3 lose 1e-3 of the variance at 4,097 elements), shifted s
 first element is far out of the row (every digit, for a first element 64 spreads away), the sum of squares minus
 the squared sum loses every digit on both; Welford on the shifted values stays within ~1e-6 of the variance on
 both.
+
+Later sums over the same rows whose sources are sums of products of the term (or of the deviation `x - mean`) with
+values reading no reduction (weights: the incoming gradient) and values of the rows (factors: `1 / S`, the variance,
+an earlier such sum) join the loop too (the backward passes of softmax and layernorm): softmax's weighted sums are
+rescaled with S; for the deviation, the loop keeps each weight's sum and its sum times `x - K`, and
+`sum(W * (x - a)) = sum(W * (x - K)) - t * sum(W)`.
 """
 
 from __future__ import annotations
@@ -110,6 +116,12 @@ class OnlineVariance:
     total: UOp
     squares: UOp
     mean: UOp
+    # `d = x - mean`, the node the squares read
+    deviation: UOp | None = None
+    # weights (None for 1) whose sums and sums times the deviations the loop keeps, and the reductions computed
+    # from them: each `(sum, monomials)`, a monomial `(row factor or None, weight index, power of d: 0 or 1)`
+    weights: tuple[UOp | None, ...] = ()
+    linear: tuple[tuple[UOp, tuple[tuple[UOp | None, int, int], ...]], ...] = ()
 
 
 def _online_variance(squares: UOp) -> OnlineVariance | None:
@@ -137,7 +149,7 @@ def _online_variance(squares: UOp) -> OnlineVariance | None:
             and total.dtype == squares.dtype == x.dtype
             and not any(u.op is Ops.REDUCE_AXIS for u in x.toposort)
         ):
-            return OnlineVariance(total, squares, mean)
+            return OnlineVariance(total, squares, mean, d)
     return None
 
 
@@ -162,6 +174,14 @@ def find_online(k: Kernel) -> dict[UOp, Pair]:
     for red in k.reduceops:
         if red in out or red.arg[0] is not Ops.ADD:
             continue
+        variances = {id(p): p for p in out.values() if isinstance(p, OnlineVariance)}.values()
+        if (var_pair := next((p for p in variances if _linear(red, p) is not None), None)) is not None:
+            grown_var = _with_linear(var_pair, red)
+            for r, p in list(out.items()):
+                if p is var_pair:
+                    out[r] = grown_var
+            out[red] = grown_var
+            continue
         for pair in {id(p): p for p in out.values() if isinstance(p, OnlineSoftmax)}.values():
             if (found := _weighted(red, pair)) is not None:
                 grown = dataclasses.replace(pair, weighted=(*pair.weighted, found))
@@ -171,6 +191,58 @@ def find_online(k: Kernel) -> dict[UOp, Pair]:
                 out[red] = grown
                 break
     return out
+
+
+Monomial = tuple[list[UOp], list[UOp], int]
+# a reduction expanded into more monomials than this stays nested
+MAX_MONOMIALS = 16
+
+
+def _expand(u: UOp, pair: OnlineVariance, rows: set[UOp]) -> list[Monomial] | None:
+    """`u` as a sum of monomials (row factors, weight factors, power of the pair's deviation `d`): ADDs and MULs of
+    `d`, of values reading no reduction (weights) and of values reading only the reductions `rows` (row factors);
+    None for anything else."""
+    if u is pair.deviation:
+        return [([], [], 1)]
+    if u.op is Ops.ADD:
+        a, b = _expand(u.src[0], pair, rows), _expand(u.src[1], pair, rows)
+        return None if a is None or b is None or len(a) + len(b) > MAX_MONOMIALS else a + b
+    if u.op is Ops.MUL:
+        a, b = _expand(u.src[0], pair, rows), _expand(u.src[1], pair, rows)
+        if a is None or b is None or len(a) * len(b) > MAX_MONOMIALS:
+            return None
+        return [(c1 + c2, w1 + w2, p1 + p2) for c1, w1, p1 in a for c2, w2, p2 in b]
+    if not any(x.op is Ops.REDUCE_AXIS for x in u.toposort):
+        return [([], [u], 0)]
+    if _reads_only(u, rows):
+        return [([u], [], 0)]
+    return None
+
+
+def _linear(red: UOp, pair: OnlineVariance) -> list[Monomial] | None:
+    """`red` as monomials of at most the first power of the pair's deviation (`_expand`), when it sums over the
+    pair's rows in its dtype and reads the pair's results and earlier such sums only as row factors."""
+    if pair.deviation is None or red.arg[1] != pair.total.arg[1] or red.dtype != pair.total.dtype:
+        return None
+    rows = {pair.total, pair.squares, *(r for r, _ in pair.linear)}
+    terms = _expand(red.src[0], pair, rows)
+    if terms is None or any(p > 1 for _, _, p in terms):
+        return None
+    return terms
+
+
+def _with_linear(pair: OnlineVariance, red: UOp) -> OnlineVariance:
+    """`pair` also computing `red` (`_linear` holds) from sums of weights kept in its loop."""
+    terms = _linear(red, pair)
+    assert terms is not None
+    weights = list(pair.weights)
+    monomials = []
+    for coef, weight, power in terms:
+        w = _product(weight)
+        if w not in weights:
+            weights.append(w)
+        monomials.append((_product(coef), weights.index(w), power))
+    return dataclasses.replace(pair, weights=tuple(weights), linear=(*pair.linear, (red, tuple(monomials))))
 
 
 def _factors(u: UOp) -> list[UOp]:
@@ -247,7 +319,7 @@ def _identities(pair: Pair) -> tuple[float, ...]:
     """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d), sum(x))."""
     if isinstance(pair, OnlineSoftmax):
         return (-math.inf, 0.0) + (0.0,) * len(pair.weighted)
-    return (0.0, 0.0, 0.0, 0.0, 0.0)
+    return (0.0, 0.0, 0.0, 0.0, 0.0) + (0.0, 0.0) * len(pair.weights)
 
 
 def _combine(pair: Pair, a: State, b: State) -> State:
@@ -321,7 +393,7 @@ def _step(
             e = e if valid is None else valid[i].where(e, zero)
             squares = squares + e * e
     if step is None:
-        n, m, q = _combine(pair, state, (count, mean, squares, zero, zero))[:3]
+        n, m, q = _combine(pair, state[:5], (count, mean, squares, zero, zero))[:3]
     else:
         # the counts before and after this step are the same in every lane: (step * k) and (step + 1) * k, so the
         # merge's fraction k / n is one scalar division per step, not one per lane
@@ -336,7 +408,15 @@ def _step(
     deviations, total = state[3], state[4]
     for d, x in zip(ds, xs, strict=True):
         deviations, total = deviations + d, total + x
-    return n, m, q, deviations, total
+    # each weight's sum and sum times the deviations (from K)
+    sums = list(state[5:])
+    for j, w in enumerate(weights or []):
+        for i, d in enumerate(ds):
+            wi = _splat(d, 1.0) if w is None else w[i]
+            if valid is not None:
+                wi = valid[i].where(wi, zero)
+            sums[2 * j], sums[2 * j + 1] = sums[2 * j] + wi, sums[2 * j + 1] + wi * d
+    return (n, m, q, deviations, total, *sums)
 
 
 def _fold(pair: Pair, state: State, n_out: int, apart: int, dot: bool) -> State:
@@ -440,7 +520,7 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         valid = [gep(mask, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
     n_acc = n_out * apart
     weights: list[list[UOp] | None] = []
-    for _, weight, _ in pair.weighted if isinstance(pair, OnlineSoftmax) else ():
+    for weight in [w for _, w, _ in pair.weighted] if isinstance(pair, OnlineSoftmax) else pair.weights:
         w = None if weight is None else lw.value(weight, full)
         weights.append(None if w is None else [gep(w, _acc_lanes(st, n_out, n_unroll, apart, dot)) for st in steps])
     state: State
@@ -462,7 +542,7 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         # every lane counts the same elements: the count is the loop's, no accumulator of its own
         accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair)[1:])
         count = vectorize([UOp.const(dtype, float(trips * len(slices)))] * n_acc)
-        new = _step(pair, (count, *accs), slices, None, shift, ranges[0])[1:]
+        new = _step(pair, (count, *accs), slices, None, shift, ranges[0], weights)[1:]
         state = (count, *(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True)))
     elif ranges:
         accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair))
@@ -485,7 +565,7 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
             # the factor of every element of the row, known now (it reads the pair's results)
             out[red] = v if row is None else v * lw.value(row, lw.out)
         return out
-    count, mean, m2, deviations, plain = state
+    count, mean, m2, deviations, plain, *sums = state
     assert first_of_row is not None
     # S as n * K + sum(d) (one rounding where the device fuses the multiply-add) where that is the smaller sum: a
     # sequential sum's error grows with its partial sums, so rows far from zero (whose plain sum grows to n times
@@ -497,8 +577,20 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
     total = (bound < count * plain.alu(Ops.MAX, -plain)).where(shifted, plain)
     # the total is known now: the mean the graph computes from it (read above the loops), as an offset from K
     lw.memo[("online", pair.total)] = total
-    off = mean - (lw.value(pair.mean, lw.out) - first_of_row)
-    return {pair.total: total, pair.squares: m2 + count * off * off}
+    t = lw.value(pair.mean, lw.out) - first_of_row
+    off = mean - t
+    out = {pair.total: total, pair.squares: m2 + count * off * off}
+    lw.memo[("online", pair.squares)] = out[pair.squares]
+    for red, monomials in pair.linear:
+        # sum(W * (x - a)) = sum(W * d) - t * sum(W) with d = x - K and t = a - K; row factors read above the loops
+        value = None
+        for coef, j, power in monomials:
+            term = sums[2 * j] if power == 0 else sums[2 * j + 1] - t * sums[2 * j]
+            term = term if coef is None else lw.value(coef, lw.out) * term
+            value = term if value is None else value + term
+        assert value is not None
+        out[red] = lw.memo[("online", red)] = value
+    return out
 
 
 def _reduced_axes(k: Kernel) -> list[int]:
