@@ -67,15 +67,29 @@ def test_row_reductions_get_a_workgroup_per_row(renderer: CUDARenderer, kind: st
 
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax", "layernorm", "rmsnorm"])
 def test_row_reductions_are_two_programs_that_nvrtc_compiles(renderer: CUDARenderer, kind: str) -> None:
-    # the row's reductions in one program (one loop over the row after the other, each result combined by shuffles
-    # and shared memory and broadcast to the workgroup), then the elementwise output
+    # the row's reductions in one program (one loop over the row after the other, or one loop for an online pair,
+    # each result combined by shuffles and shared memory and broadcast to the workgroup), then the elementwise output
     x = _t(4096, 4096)
     specs = programs(getattr(x, kind)(-1), renderer)
     assert len(specs) == 2, [s.name for s in specs]
     first = specs[0]
     assert math.prod(first.global_size) == 4096 and math.prod(first.local_size) >= 128
     loops = first.src.count("for (")
-    assert loops == (1 if kind == "rmsnorm" else 2), first.src
+    # softmax's max and sum of exponentials, layernorm's mean and variance run in one loop (online reductions)
+    assert loops == 1, first.src
+    for spec in specs:
+        for arch in ARCHS:
+            assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+def test_row_backward_is_two_programs_with_one_loop_that_nvrtc_compiles(renderer: CUDARenderer, kind: str) -> None:
+    # the gradient's sums over the row join the recomputed forward reductions' one loop (online reductions)
+    x = Tensor.empty(4096, 4096, device="PYTHON", requires_grad=True)
+    getattr(x, kind)(-1).backward(_t(4096, 4096))
+    specs = programs(x.grad, renderer)
+    assert len(specs) == 2, [s.name for s in specs]
+    assert specs[0].src.count("for (") == 1, specs[0].src
     for spec in specs:
         for arch in ARCHS:
             assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"

@@ -11,7 +11,8 @@ hoisted out of the loops that don't change it. The loops form a tree:
 
 Two ops bend the rule: a `DEFINE_ACC` sits inside every output loop (the accumulator restarts for each output
 element) and before the reduce loops it accumulates over, while an op that reads it runs inside those loops; an
-`ASSIGN` sits inside its accumulator's reduce loops, and an op that reads it runs after those loops END.
+`ASSIGN` sits inside its accumulator's reduce loops, and an op that reads it runs after those loops END. Inside the
+loop, every op reading the accumulator itself runs before its ASSIGN (it reads the value before this step's update).
 
 Inside each loop, ops and inner loops are ordered by their dependencies, an op as early as it can go. The list
 starts with the kernel's parameters (DEFINE_GLOBALs by slot, DEFINE_VARs by name), then its hardware indices
@@ -139,6 +140,12 @@ def linearize(sink: UOp) -> list[UOp]:
     for u, p in paths.items():
         for b in p:
             within[id(b)].append(u)
+    acc_readers: dict[UOp, list[UOp]] = {}
+    for u in placed_in:
+        if u.op is not Ops.ASSIGN:
+            for s in u.src:
+                if s.op is Ops.DEFINE_ACC:
+                    acc_readers.setdefault(s, []).append(u)
 
     out: list[UOp] = list(params)
 
@@ -169,6 +176,17 @@ def linearize(sink: UOp) -> list[UOp]:
                     continue
                 deps[id(iu)].add(id(isrc))
                 users[id(isrc)].add(id(iu))
+        # an accumulator read while it accumulates (an online reduction's update reads one accumulator's old value
+        # for another's new one) is read before its ASSIGN overwrites it in the same loop
+        for u in members:
+            if u.op is not Ops.ASSIGN:
+                continue
+            iu = item_of[u]
+            for reader in acc_readers.get(u.src[0], ()):
+                ir = item_of.get(reader)
+                if ir is not None and ir is not iu:
+                    deps[id(iu)].add(id(ir))
+                    users[id(ir)].add(id(iu))
         ready = [(prio[k], k) for k, d in deps.items() if not d]
         heapq.heapify(ready)
         done = 0

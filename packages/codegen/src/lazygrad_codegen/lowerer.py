@@ -40,6 +40,7 @@ from lazygrad_codegen.heuristic import accumulator_budget
 from lazygrad_codegen.index_width import INT32_MAX, index_dtype
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTError, warp_size
 from lazygrad_codegen.launch import fitted_indices
+from lazygrad_codegen.online_reductions import find_online, lower_online, pair_first
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
@@ -220,7 +221,12 @@ class _Lowerer:
         # a reduction whose source reads another one's result (broadcast over the same rows) loops over the rows
         # after it, with loops of its own: level 0 for reductions of loads alone, one more than the deepest below
         self.levels: dict[UOp, int] = {}
+        # pairs computed in one loop (`online_reductions`): the sum joins its max's loops
+        self.online = find_online(k)
         for red in k.reduceops:  # sources first
+            if (pair := self.online.get(red)) is not None and red is not pair_first(pair):
+                self.levels[red] = self.levels[pair_first(pair)]
+                continue
             below = [self.levels[x] for x in red.src[0].toposort if x.op is Ops.REDUCE_AXIS]
             self.levels[red] = max(below) + 1 if below else 0
         self.ranges = [self.reduce_ranges] + [
@@ -471,6 +477,10 @@ class _Lowerer:
         return out
 
     def _reduce(self, red: UOp) -> UOp:
+        if (pair := self.online.get(red)) is not None:
+            if ("online", red) not in self.memo:
+                self.memo.update({("online", r): res for r, res in lower_online(self, pair).items()})
+            return self.memo[("online", red)]
         level = self.levels[red]
         # (a selection's positions are solved against the first loops)
         if level == 0 and (picked := self._select(red)) is not None:

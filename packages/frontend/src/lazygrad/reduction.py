@@ -159,7 +159,12 @@ class ReductionMixin:
         x = self.cast(to_dtype(dtype)) if dtype is not None else self.cast(least_upper_float(self.dtype))
         if x.numel() == 0:
             return x
-        return x - x.logsumexp(axis, keepdim=True)
+        # (x - max) - log(sum): the shifted values keep their precision where x - logsumexp would round at the
+        # magnitude of the max (log_softmax of [1000, 1001] to an ulp of 1001). The max itself, infinite or not
+        # (a row of -inf, or one holding +inf, is NaN as in torch): codegen then computes the max and the sum in one
+        # loop over the row (`lazygrad_codegen.online_reductions`)
+        shifted = x - x.max(axis, keepdim=True).detach()
+        return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
     # *** scans ***
 
