@@ -8,7 +8,19 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from codegen_cases import cpu_device, elementwise, load, matmul, row_reduce, run_device, sink, st, store
+from codegen_cases import (
+    check,
+    column_sum,
+    cpu_device,
+    elementwise,
+    load,
+    matmul,
+    row_reduce,
+    run_device,
+    sink,
+    st,
+    store,
+)
 
 from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
 from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, vectorize
@@ -159,6 +171,24 @@ def _np(dtype):
     from lazygrad_uop.dtype import to_numpy_dtype
 
     return to_numpy_dtype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("case", "opts"),
+    [
+        (matmul(16, 24, 32), [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 0, 8)]),
+        (column_sum(), [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 0)]),
+    ],
+    ids=["matmul", "column_sum"],
+)
+def test_llvm_regathered_lanes_are_one_shuffle(case, opts) -> None:
+    # vectors assembled from lanes of other vectors (a tile transposed between the reduction and the store): one
+    # shufflevector each, no extractelement/insertelement per lane, and the numbers numpy gives
+    outputs, spec = run_device(case.ast, cpu_device(), opts, case.inputs)
+    gathered = [u for u in spec.uops if u.op is Ops.VECTORIZE and all(s.op is Ops.GEP for s in u.src)]
+    assert gathered, "the opts should leave vectors built from lanes of other vectors"
+    assert "insertelement" not in spec.src and "extractelement" not in spec.src
+    check(case, outputs, str(opts))
 
 
 def test_reductions_keep_a_full_vector_of_partial_sums() -> None:

@@ -15,8 +15,9 @@ How the IR is shaped, and why:
   alternative value, which keeps the loop branch-free;
 - `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32;
 - vectors are LLVM vectors (`<8 x float>`): a vector LOAD or STORE moves consecutive elements (aligned to one
-  element), `VECTORIZE` is a constant vector, a splat or a chain of `insertelement`, `GEP` an `extractelement` or a
-  `shufflevector`; the multiplies and adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
+  element), `VECTORIZE` is a constant vector, a splat, a `shufflevector` when its lanes are lanes of one or two
+  vectors, or else a chain of `insertelement`, `GEP` an `extractelement` or a `shufflevector`; the multiplies and
+  adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class LLVMFunction:
         self.index_math = _index_math(uops)
         self.accumulate = _accumulation(uops)
         self.position = {u: i for i, u in enumerate(uops)}
+        self.shuffled = _shuffled_lanes(uops)
 
     def tmp(self) -> str:
         """A fresh SSA name."""
@@ -310,6 +312,8 @@ class LLVMFunction:
         t, s = ltype(u.dtype), ltype(u.dtype.scalar())
         if all(x.op is Ops.CONST for x in u.src):
             return "<" + ", ".join(f"{s} {lconst(x.arg, x.dtype)}" for x in u.src) + ">"
+        if (sources := _lane_sources(u)) is not None:
+            return self.shuffle(u, sources)
         if len(set(u.src)) == 1:
             one = self.op(f"insertelement {t} poison, {s} {self.get(u.src[0])}, i32 0")
             return self.op(f"shufflevector {t} {one}, {t} poison, <{u.dtype.count} x i32> zeroinitializer")
@@ -317,6 +321,16 @@ class LLVMFunction:
         for lane, x in enumerate(u.src):
             v = self.op(f"insertelement {t} {v}, {s} {self.get(x)}, i32 {lane}")
         return v
+
+    def shuffle(self, u: UOp, sources: list[UOp]) -> str:
+        """`u`, a VECTORIZE of single lanes of one or two vectors of the same type, as one shufflevector (the
+        second operand's lanes are numbered after the first's, as LLVM's mask does)."""
+        t = ltype(sources[0].dtype)
+        a = self.get(sources[0])
+        b = self.get(sources[1]) if len(sources) == 2 else "poison"
+        count = sources[0].dtype.count
+        mask = ", ".join(f"i32 {g.arg[0] + count * sources.index(g.src[0])}" for g in u.src)
+        return self.op(f"shufflevector {t} {a}, {t} {b}, <{u.dtype.count} x i32> <{mask}>")
 
     def gep(self, u: UOp) -> str:
         """Lanes of a vector: one lane with extractelement, several with shufflevector."""
@@ -412,7 +426,8 @@ class LLVMFunction:
         elif op is Ops.VECTORIZE:
             self.val[u] = self.vectorize(u)
         elif op is Ops.GEP:
-            self.val[u] = self.gep(u)
+            if u not in self.shuffled:
+                self.val[u] = self.gep(u)
         elif op is Ops.SINK:
             return
         else:
@@ -441,6 +456,31 @@ def _accumulation(uops: list[UOp]) -> set[UOp]:
             if any(s is acc for s in x.src) or x.op is Ops.ADD:
                 stack.extend(s for s in x.src if s is not acc and s.op in (Ops.ADD, Ops.MUL))
     return out
+
+
+def _lane_sources(u: UOp) -> list[UOp] | None:
+    """The vectors a VECTORIZE takes its lanes from, in order of first use, when every lane is one lane (a GEP) of
+    one of at most two vectors of the same type: it is then one shufflevector instead of an extractelement and an
+    insertelement per lane, which LLVM would have to fold back into a shuffle."""
+    if not all(s.op is Ops.GEP and len(s.arg) == 1 for s in u.src):
+        return None
+    sources = list(dict.fromkeys(s.src[0] for s in u.src))
+    # an accumulator's lane is its value where the GEP is: it may be assigned again before this VECTORIZE
+    if any(s.op in (Ops.DEFINE_ACC, Ops.ASSIGN) for s in sources) or len(sources) > 2:
+        return None
+    if len({s.dtype for s in sources}) != 1 or isinstance(sources[0].dtype, PtrDType) or sources[0].dtype.count == 1:
+        return None
+    return sources
+
+
+def _shuffled_lanes(uops: list[UOp]) -> set[UOp]:
+    """The GEPs whose every user is a VECTORIZE rendered as one shufflevector: they need no extractelement."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            if s.op is Ops.GEP:
+                users.setdefault(s, []).append(u)
+    return {g for g, us in users.items() if all(x.op is Ops.VECTORIZE and _lane_sources(x) is not None for x in us)}
 
 
 def _index_math(uops: list[UOp]) -> set[UOp]:
