@@ -20,6 +20,7 @@ from codegen_cases import (
     sink,
     st,
     store,
+    transpose_pad,
 )
 
 from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
@@ -165,6 +166,42 @@ def test_llvm_vectors_of_every_dtype_match_scalar_code(dtype) -> None:
     assert any(u.dtype.count > 1 for u in spec.uops if u.op is Ops.LOAD)
     for slot in scalar:
         np.testing.assert_array_equal(vector[slot].view(np.uint8), scalar[slot].view(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [dtypes.int8, dtypes.uint16, dtypes.int32, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64],
+    ids=str,
+)
+def test_llvm_strided_lanes_are_one_gather(dtype) -> None:
+    # a transposed copy with padding, upcast along the output's contiguous axis: each vector's lanes are strided
+    # elements of the input, some of them padding; the CPU renders each vector as one masked gather
+    device = cpu_device()
+    rows, cols = 5, 16
+    view = st(rows, cols).permute((1, 0)).pad(((1, 1), (1, 2)))
+    ast = sink(store(0, load(1, dtype, view, size=rows * cols), st(cols + 2, rows + 3)))
+    raw = np.random.default_rng(2).integers(0, 256, rows * cols * dtype.itemsize, dtype=np.uint8)
+    x = raw.view(np.uint16 if dtype == dtypes.bfloat16 else _np(dtype)).reshape(rows, cols)
+    out, spec = run_device(ast, device, [Opt(OptOps.UPCAST, 1, 8)], {1: x})
+    assert "@llvm.masked.gather" in spec.src and "load <" not in spec.src
+    want = np.pad(x.T, ((1, 1), (1, 2)))
+    np.testing.assert_array_equal(out[0].view(np.uint8), want.reshape(-1).view(np.uint8))
+
+
+def test_llvm_gather_matches_lane_loads() -> None:
+    # the same kernel with and without gathers (a renderer that loads lane by lane) gives the same numbers
+    case = transpose_pad()
+    device = cpu_device()
+
+    class LaneLoads(type(device.renderer)):
+        gathers = False
+
+    opts = [Opt(OptOps.UPCAST, 1, 8)]
+    gathered, spec = run_device(case.ast, device, opts, case.inputs)
+    lanes, plain = run_device(case.ast, device, opts, case.inputs, renderer=LaneLoads())
+    assert "@llvm.masked.gather" in spec.src and "@llvm.masked.gather" not in plain.src
+    np.testing.assert_array_equal(gathered[0], lanes[0])
+    check(case, gathered, str(opts))
 
 
 def _np(dtype):

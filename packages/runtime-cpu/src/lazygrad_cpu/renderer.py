@@ -43,6 +43,9 @@ class CPURenderer(LLVMRenderer):
     # "prefer-vector-width" lets LLVM use the host's widest vectors (AVX-512 on CPUs that have it): some x86 CPUs'
     # default tuning caps vectorised loops at 256 bits to avoid clock drops that the newer ones no longer have
     function_attributes: ClassVar[str] = 'nounwind "prefer-vector-width"="512"'
+    # a vector of loads from scattered elements is one masked gather: AVX2 and AVX-512 have gather instructions,
+    # elsewhere LLVM splits it into the loads it replaces; either way a fraction of the IR to optimise
+    gathers = True
     # the threads a kernel's core0 axis is split over (see lazygrad_cpu.threads)
     compute_units = usable_cores()
 
