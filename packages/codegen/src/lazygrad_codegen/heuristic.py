@@ -141,10 +141,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         for n, i in enumerate(first + [i for i in reuse if i not in first]):
             lanes = k.lanes(AxisType.UPCAST)
             if n == 0 and width > 1:
-                # along an axis no input is contiguous in, each vector is gathered lane by lane (the image of a
-                # strided convolution): one vector of them, and the budget goes to the other axes, where each
-                # gathered vector is reused (two would double the gathers and the kernel's code for no more reuse)
-                choices = vector_choices if i in loadable else vector_choices[1:]
+                choices = vector_choices
             else:
                 choices = [c for c in (8, 4, 2) if c * lanes <= budget]
             amount = g.upcast(i, choices)
