@@ -25,6 +25,7 @@ from codegen_cases import (
 
 from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
 from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, vectorize
+from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -177,28 +178,30 @@ def test_llvm_strided_lanes_are_one_gather(dtype) -> None:
     # a transposed copy with padding, upcast along the output's contiguous axis: each vector's lanes are strided
     # elements of the input, some of them padding; the CPU renders each vector as one masked gather
     device = cpu_device()
+    with Context(CPU_GATHERS=1):
+        renderer = type(device.renderer)()
     rows, cols = 5, 16
     view = st(rows, cols).permute((1, 0)).pad(((1, 1), (1, 2)))
     ast = sink(store(0, load(1, dtype, view, size=rows * cols), st(cols + 2, rows + 3)))
     raw = np.random.default_rng(2).integers(0, 256, rows * cols * dtype.itemsize, dtype=np.uint8)
     x = raw.view(np.uint16 if dtype == dtypes.bfloat16 else _np(dtype)).reshape(rows, cols)
-    out, spec = run_device(ast, device, [Opt(OptOps.UPCAST, 1, 8)], {1: x})
+    out, spec = run_device(ast, device, [Opt(OptOps.UPCAST, 1, 8)], {1: x}, renderer=renderer)
     assert "@llvm.masked.gather" in spec.src and "load <" not in spec.src
     want = np.pad(x.T, ((1, 1), (1, 2)))
     np.testing.assert_array_equal(out[0].view(np.uint8), want.reshape(-1).view(np.uint8))
 
 
-def test_llvm_gather_matches_lane_loads() -> None:
-    # the same kernel with and without gathers (a renderer that loads lane by lane) gives the same numbers
+def test_llvm_gathers_are_a_setting_and_match_lane_loads() -> None:
+    # CPU_GATHERS=1 renders vectors of strided loads as gathers; by default (and with 0) they are loaded lane by
+    # lane; both give numpy's numbers
     case = transpose_pad()
     device = cpu_device()
-
-    class LaneLoads(type(device.renderer)):
-        gathers = False
-
+    with Context(CPU_GATHERS=1):
+        gathering = type(device.renderer)()
+    assert not type(device.renderer)().gathers
     opts = [Opt(OptOps.UPCAST, 1, 8)]
-    gathered, spec = run_device(case.ast, device, opts, case.inputs)
-    lanes, plain = run_device(case.ast, device, opts, case.inputs, renderer=LaneLoads())
+    gathered, spec = run_device(case.ast, device, opts, case.inputs, renderer=gathering)
+    lanes, plain = run_device(case.ast, device, opts, case.inputs, renderer=type(device.renderer)())
     assert "@llvm.masked.gather" in spec.src and "@llvm.masked.gather" not in plain.src
     np.testing.assert_array_equal(gathered[0], lanes[0])
     check(case, gathered, str(opts))

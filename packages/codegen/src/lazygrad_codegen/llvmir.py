@@ -605,9 +605,9 @@ class LLVMRenderer(Renderer):
     # CPUs keep upcast and unrolled elements in vector registers and spill gracefully: search may try big tiles
     max_upcast = 1024
     function_attributes: ClassVar[str] = "nounwind"
-    # whether a vector of scalar loads from one buffer (a strided or gathered read) is one `llvm.masked.gather`
-    # instead of a load per lane: a fraction of the IR for LLVM to optimise, on targets that gather in hardware
-    gathers: ClassVar[bool] = False
+    # whether a vector of scalar loads from one buffer (a strided or padded read) is one `llvm.masked.gather` instead
+    # of a load per lane: a fraction of the IR for LLVM to optimise, but slower code where gathers are slow
+    gathers = False
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""
