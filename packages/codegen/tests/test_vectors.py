@@ -8,10 +8,24 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from codegen_cases import cpu_device, elementwise, load, matmul, row_reduce, run_device, sink, st, store
+from codegen_cases import (
+    check,
+    column_sum,
+    cpu_device,
+    elementwise,
+    load,
+    matmul,
+    row_reduce,
+    run_device,
+    sink,
+    st,
+    store,
+    transpose_pad,
+)
 
 from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
 from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, vectorize
+from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -155,10 +169,66 @@ def test_llvm_vectors_of_every_dtype_match_scalar_code(dtype) -> None:
         np.testing.assert_array_equal(vector[slot].view(np.uint8), scalar[slot].view(np.uint8))
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [dtypes.int8, dtypes.uint16, dtypes.int32, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64],
+    ids=str,
+)
+def test_llvm_strided_lanes_are_one_gather(dtype) -> None:
+    # a transposed copy with padding, upcast along the output's contiguous axis: each vector's lanes are strided
+    # elements of the input, some of them padding; the CPU renders each vector as one masked gather
+    device = cpu_device()
+    with Context(CPU_GATHERS=1):
+        renderer = type(device.renderer)()
+    rows, cols = 5, 16
+    view = st(rows, cols).permute((1, 0)).pad(((1, 1), (1, 2)))
+    ast = sink(store(0, load(1, dtype, view, size=rows * cols), st(cols + 2, rows + 3)))
+    raw = np.random.default_rng(2).integers(0, 256, rows * cols * dtype.itemsize, dtype=np.uint8)
+    x = raw.view(np.uint16 if dtype == dtypes.bfloat16 else _np(dtype)).reshape(rows, cols)
+    out, spec = run_device(ast, device, [Opt(OptOps.UPCAST, 1, 8)], {1: x}, renderer=renderer)
+    assert "@llvm.masked.gather" in spec.src and "load <" not in spec.src
+    want = np.pad(x.T, ((1, 1), (1, 2)))
+    np.testing.assert_array_equal(out[0].view(np.uint8), want.reshape(-1).view(np.uint8))
+
+
+def test_llvm_gathers_are_a_setting_and_match_lane_loads() -> None:
+    # CPU_GATHERS=1 renders vectors of strided loads as gathers; by default (and with 0) they are loaded lane by
+    # lane; both give numpy's numbers
+    case = transpose_pad()
+    device = cpu_device()
+    with Context(CPU_GATHERS=1):
+        gathering = type(device.renderer)()
+    assert not type(device.renderer)().gathers
+    opts = [Opt(OptOps.UPCAST, 1, 8)]
+    gathered, spec = run_device(case.ast, device, opts, case.inputs, renderer=gathering)
+    lanes, plain = run_device(case.ast, device, opts, case.inputs, renderer=type(device.renderer)())
+    assert "@llvm.masked.gather" in spec.src and "@llvm.masked.gather" not in plain.src
+    np.testing.assert_array_equal(gathered[0], lanes[0])
+    check(case, gathered, str(opts))
+
+
 def _np(dtype):
     from lazygrad_uop.dtype import to_numpy_dtype
 
     return to_numpy_dtype(dtype)
+
+
+@pytest.mark.parametrize(
+    ("case", "opts"),
+    [
+        (matmul(16, 24, 32), [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UPCAST, 0, 8)]),
+        (column_sum(), [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 0)]),
+    ],
+    ids=["matmul", "column_sum"],
+)
+def test_llvm_regathered_lanes_are_one_shuffle(case, opts) -> None:
+    # vectors assembled from lanes of other vectors (a tile transposed between the reduction and the store): one
+    # shufflevector each, no extractelement/insertelement per lane, and the numbers numpy gives
+    outputs, spec = run_device(case.ast, cpu_device(), opts, case.inputs)
+    gathered = [u for u in spec.uops if u.op is Ops.VECTORIZE and all(s.op is Ops.GEP for s in u.src)]
+    assert gathered, "the opts should leave vectors built from lanes of other vectors"
+    assert "insertelement" not in spec.src and "extractelement" not in spec.src
+    check(case, outputs, str(opts))
 
 
 def test_reductions_keep_a_full_vector_of_partial_sums() -> None:

@@ -178,6 +178,50 @@ def test_cache_key_names_the_host_cpu() -> None:
     assert llvm.get_host_cpu_name() in LLVMCompiler().cachekey
 
 
+_SCALAR_LOOP = """
+define void @f(ptr noalias %out, ptr noalias %a, i32 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i32 [0, %entry], [%next, %loop]
+  %p = getelementptr inbounds float, ptr %a, i32 %i
+  %x = load float, ptr %p
+  %y = fmul float %x, 2.0
+  %q = getelementptr inbounds float, ptr %out, i32 %i
+  store float %y, ptr %q
+  %next = add nsw i32 %i, 1
+  %go = icmp slt i32 %next, %n
+  br i1 %go, label %loop, label %done
+done:
+  ret void
+}
+"""
+
+_STRAIGHT_LINE = (
+    "define void @g(ptr noalias %out, ptr noalias %a) {\n"
+    + "".join(
+        f"  %p{i} = getelementptr inbounds float, ptr %a, i32 {i}\n  %x{i} = load float, ptr %p{i}\n"
+        f"  %y{i} = fmul float %x{i}, 2.0\n  %q{i} = getelementptr inbounds float, ptr %out, i32 {i}\n"
+        f"  store float %y{i}, ptr %q{i}\n"
+        for i in range(8)
+    )
+    + "  ret void\n}\n"
+)
+
+
+def test_llvm_leaves_loops_to_codegen_but_merges_straight_line_code() -> None:
+    # codegen's kernels come unrolled and vectorised: the CPU compiler skips LLVM's loop vectoriser and unroller (a
+    # plain scalar loop stays scalar, where LLVM's default pipeline vectorises it) and keeps the SLP vectoriser
+    # (eight scalar multiplies of neighbouring elements become vector code)
+    class DefaultPipeline(LLVMCompiler):
+        loop_transforms = True
+
+    vector = re.compile(r"<\d+ x float>")
+    assert not vector.search(str(LLVMCompiler().optimized_module(_SCALAR_LOOP)))
+    assert vector.search(str(DefaultPipeline().optimized_module(_SCALAR_LOOP))), "the loop should be vectorisable"
+    assert vector.search(str(LLVMCompiler().optimized_module(_STRAIGHT_LINE)))
+
+
 def _sum_kernel(k, n: int):
     st = k.st(n)
     x = k.load(1, dtypes.float32, st)

@@ -33,10 +33,12 @@ class LLVMIRCompiler(Compiler):
 
     Subclasses name what they compile in errors (`what`), may add to the module's text (`module_text`) and set
     `vectorize` (None keeps LLVM's pipeline defaults; a bool turns loop and SLP vectorisation and loop unrolling on
-    or off together)."""
+    or off together) and `loop_transforms` (False: no loop vectorisation or unrolling whatever `vectorize` says,
+    for IR whose loops codegen has already unrolled and vectorised)."""
 
     what = "LLVM IR"
     vectorize: bool | None = None
+    loop_transforms = True
 
     def __init__(self, target_machine: llvm.TargetMachine, opt: int, cachekey: str | None) -> None:
         self.target_machine, self.opt = target_machine, opt
@@ -65,6 +67,8 @@ class LLVMIRCompiler(Compiler):
         tuning = llvm.create_pipeline_tuning_options(speed_level=self.opt)
         if self.vectorize is not None:
             tuning.loop_vectorization = tuning.slp_vectorization = tuning.loop_unrolling = self.vectorize
+        if not self.loop_transforms:
+            tuning.loop_vectorization = tuning.loop_unrolling = False
         builder = llvm.create_pass_builder(tm, tuning)
         builder.getModulePassManager().run(mod, builder)
         return mod

@@ -15,8 +15,9 @@ How the IR is shaped, and why:
   alternative value, which keeps the loop branch-free;
 - `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32;
 - vectors are LLVM vectors (`<8 x float>`): a vector LOAD or STORE moves consecutive elements (aligned to one
-  element), `VECTORIZE` is a constant vector, a splat or a chain of `insertelement`, `GEP` an `extractelement` or a
-  `shufflevector`; the multiplies and adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
+  element), `VECTORIZE` is a constant vector, a splat, a `shufflevector` when its lanes are lanes of one or two
+  vectors, or else a chain of `insertelement`, `GEP` an `extractelement` or a `shufflevector`; the multiplies and
+  adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class LLVMFunction:
         self.index_math = _index_math(uops)
         self.accumulate = _accumulation(uops)
         self.position = {u: i for i, u in enumerate(uops)}
+        self.shuffled = _shuffled_lanes(uops)
+        # vectors of lane loads gathered with one masked gather; the loads and indexes only they use
+        self.gathers, self.gathered = _gathered_lanes(uops) if renderer.gathers else (set(), set())
 
     def tmp(self) -> str:
         """A fresh SSA name."""
@@ -310,6 +314,10 @@ class LLVMFunction:
         t, s = ltype(u.dtype), ltype(u.dtype.scalar())
         if all(x.op is Ops.CONST for x in u.src):
             return "<" + ", ".join(f"{s} {lconst(x.arg, x.dtype)}" for x in u.src) + ">"
+        if (sources := _lane_sources(u)) is not None:
+            return self.shuffle(u, sources)
+        if u in self.gathers:
+            return self.gather(u)
         if len(set(u.src)) == 1:
             one = self.op(f"insertelement {t} poison, {s} {self.get(u.src[0])}, i32 0")
             return self.op(f"shufflevector {t} {one}, {t} poison, <{u.dtype.count} x i32> zeroinitializer")
@@ -317,6 +325,64 @@ class LLVMFunction:
         for lane, x in enumerate(u.src):
             v = self.op(f"insertelement {t} {v}, {s} {self.get(x)}, i32 {lane}")
         return v
+
+    def shuffle(self, u: UOp, sources: list[UOp]) -> str:
+        """`u`, a VECTORIZE of single lanes of one or two vectors of the same type, as one shufflevector (the
+        second operand's lanes are numbered after the first's, as LLVM's mask does)."""
+        t = ltype(sources[0].dtype)
+        a = self.get(sources[0])
+        b = self.get(sources[1]) if len(sources) == 2 else "poison"
+        count = sources[0].dtype.count
+        mask = ", ".join(f"i32 {g.arg[0] + count * sources.index(g.src[0])}" for g in u.src)
+        return self.op(f"shufflevector {t} {a}, {t} {b}, <{u.dtype.count} x i32> <{mask}>")
+
+    def lanes(self, values: list[UOp], dtype: DType) -> str:
+        """A vector of `values` (scalars of `dtype`): constant, a splat or (ints) `x + constants` as one vector add,
+        or insertelements."""
+        n, t, s = len(values), ltype(vec_of(dtype, len(values))), ltype(dtype)
+        if all(v.op is Ops.CONST for v in values):
+            return "<" + ", ".join(f"{s} {lconst(v.arg, dtype)}" for v in values) + ">"
+        offsets = [_offset(v) if dtypes.is_int(dtype) else (v, 0) for v in values]
+        if len({base for base, _ in offsets}) == 1 and offsets[0][0] is not None:
+            one = self.op(f"insertelement {t} poison, {s} {self.get(offsets[0][0])}, i32 0")
+            splat = self.op(f"shufflevector {t} {one}, {t} poison, <{n} x i32> zeroinitializer")
+            if all(c == 0 for _, c in offsets):
+                return splat
+            consts = "<" + ", ".join(f"{s} {lconst(c, dtype)}" for _, c in offsets) + ">"
+            return self.op(f"add {t} {splat}, {consts}")
+        v = "poison"
+        for lane, x in enumerate(values):
+            v = self.op(f"insertelement {t} {v}, {s} {self.get(x)}, i32 {lane}")
+        return v
+
+    def gather(self, u: UOp) -> str:
+        """`u`, a VECTORIZE of scalar loads from one buffer (and constants: padding), as one masked gather: a vector
+        of indexes (usually one vector add), a vector of gates (a constant lane is a gated-off one) and a vector of
+        the values gated-off lanes take, instead of an index, an address, a load and selects per lane."""
+        n, dtype = u.dtype.count, u.dtype.scalar()
+        loads = [x for x in u.src if x.op is Ops.LOAD]
+        idx_dtype = loads[0].src[0].src[1].dtype
+        index = self.lanes([(x if x.op is Ops.LOAD else loads[0]).src[0].src[1] for x in u.src], idx_dtype)
+        buf = self.get(loads[0].src[0].src[0])
+        ptrs = self.op(f"getelementptr inbounds {ltype(dtype)}, ptr {buf}, {ltype(vec_of(idx_dtype, n))} {index}")
+        gates: list[UOp | bool] = [x.op is Ops.LOAD and (x.src[2] if len(x.src) == 3 else True) for x in u.src]
+        if all(isinstance(g, bool) for g in gates):
+            mask = "<" + ", ".join(f"i1 {str(g).lower()}" for g in gates) + ">"
+        elif len(set(gates)) == 1:
+            mask = self.lanes([gates[0]] * n, dtypes.bool)  # type: ignore[list-item]
+        else:
+            # the constant lanes first, in one literal, then an insertelement per gated lane
+            mask = "<" + ", ".join(f"i1 {str(g).lower() if isinstance(g, bool) else 'false'}" for g in gates) + ">"
+            for lane, g in enumerate(gates):
+                if not isinstance(g, bool):
+                    mask = self.op(f"insertelement <{n} x i1> {mask}, i1 {self.get(g)}, i32 {lane}")
+        # what a gated-off lane reads as: a constant lane's value, a gated load's alternative (any value elsewhere)
+        alts = [x if x.op is Ops.CONST else x.src[1] if len(x.src) == 3 else None for x in u.src]
+        fill = next((a for a in alts if a is not None), None)
+        passthru = "poison" if fill is None else self.lanes([fill if a is None else a for a in alts], dtype)
+        t, suffix = ltype(u.dtype), _intrinsic_suffix(ltype(dtype), n)
+        args = [(f"<{n} x ptr>", ptrs), ("i32", str(max(dtype.itemsize, 1))), (f"<{n} x i1>", mask), (t, passthru)]
+        return self.call(t, f"llvm.masked.gather.{suffix}.v{n}p0", args)
 
     def gep(self, u: UOp) -> str:
         """Lanes of a vector: one lane with extractelement, several with shufflevector."""
@@ -366,6 +432,8 @@ class LLVMFunction:
             self.emit(f"store {ltype(u.dtype)} {self.get(src[0])}, ptr {slot}")
         elif op is Ops.ASSIGN:
             self.emit(f"store {ltype(u.dtype)} {self.get(src[1])}, ptr {self.val[src[0]]}")
+        elif op in (Ops.INDEX, Ops.LOAD) and u in self.gathered:
+            return
         elif op is Ops.INDEX:
             idx, it = self.get(src[1]), ltype(src[1].dtype)
             if len(src) == 3:
@@ -412,7 +480,8 @@ class LLVMFunction:
         elif op is Ops.VECTORIZE:
             self.val[u] = self.vectorize(u)
         elif op is Ops.GEP:
-            self.val[u] = self.gep(u)
+            if u not in self.shuffled:
+                self.val[u] = self.gep(u)
         elif op is Ops.SINK:
             return
         else:
@@ -443,6 +512,71 @@ def _accumulation(uops: list[UOp]) -> set[UOp]:
     return out
 
 
+def _lane_sources(u: UOp) -> list[UOp] | None:
+    """The vectors a VECTORIZE takes its lanes from, in order of first use, when every lane is one lane (a GEP) of
+    one of at most two vectors of the same type: it is then one shufflevector instead of an extractelement and an
+    insertelement per lane, which LLVM would have to fold back into a shuffle."""
+    if not all(s.op is Ops.GEP and len(s.arg) == 1 for s in u.src):
+        return None
+    sources = list(dict.fromkeys(s.src[0] for s in u.src))
+    # an accumulator's lane is its value where the GEP is: it may be assigned again before this VECTORIZE
+    if any(s.op in (Ops.DEFINE_ACC, Ops.ASSIGN) for s in sources) or len(sources) > 2:
+        return None
+    if len({s.dtype for s in sources}) != 1 or isinstance(sources[0].dtype, PtrDType) or sources[0].dtype.count == 1:
+        return None
+    return sources
+
+
+def _gather_lanes(u: UOp) -> bool:
+    """Whether VECTORIZE `u` is scalar loads (at least two different ones) from one buffer and constants, of a type
+    LLVM gathers as is (not bool, which is a byte in memory and a bit in registers)."""
+    loads = {s for s in u.src if s.op is Ops.LOAD and s.dtype.count == 1}
+    if len(loads) < 2 or any(s not in loads and s.op is not Ops.CONST for s in u.src) or dtypes.is_bool(u.dtype):
+        return False
+    return len({s.src[0].src[0] for s in loads}) == 1
+
+
+def _gathered_lanes(uops: list[UOp]) -> tuple[set[UOp], set[UOp]]:
+    """The VECTORIZEs rendered as a masked gather; the LOADs whose every user is one, and the INDEXes only those use
+    (none of which is rendered alone). The gather reads where the VECTORIZE is: no store may come between its
+    first lane's load and it."""
+    position = {u: i for i, u in enumerate(uops)}
+    stores = [i for i, u in enumerate(uops) if u.op is Ops.STORE]
+    vectors = {
+        u
+        for u in uops
+        if u.op is Ops.VECTORIZE
+        and _gather_lanes(u)
+        and not any(min(position[s] for s in u.src if s.op is Ops.LOAD) < i < position[u] for i in stores)
+    }
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    skipped = {u for u in uops if u.op is Ops.LOAD and (us := users.get(u)) and all(x in vectors for x in us)}
+    skipped |= {u for u in uops if u.op is Ops.INDEX and (us := users.get(u)) and all(x in skipped for x in us)}
+    return vectors, skipped
+
+
+def _offset(u: UOp) -> tuple[UOp | None, int]:
+    """`u` as (x, c) with u = x + c for an int constant c (x None: u is a constant)."""
+    if u.op is Ops.CONST:
+        return None, u.arg
+    if u.op is Ops.ADD and u.src[1].op is Ops.CONST:
+        return u.src[0], u.src[1].arg
+    return u, 0
+
+
+def _shuffled_lanes(uops: list[UOp]) -> set[UOp]:
+    """The GEPs whose every user is a VECTORIZE rendered as one shufflevector: they need no extractelement."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            if s.op is Ops.GEP:
+                users.setdefault(s, []).append(u)
+    return {g for g, us in users.items() if all(x.op is Ops.VECTORIZE and _lane_sources(x) is not None for x in us)}
+
+
 def _index_math(uops: list[UOp]) -> set[UOp]:
     """The integer ADD/MUL ops that compute addresses: they can't overflow for a valid element, so they get nsw."""
     out: set[UOp] = set()
@@ -471,6 +605,9 @@ class LLVMRenderer(Renderer):
     # CPUs keep upcast and unrolled elements in vector registers and spill gracefully: search may try big tiles
     max_upcast = 1024
     function_attributes: ClassVar[str] = "nounwind"
+    # whether a vector of scalar loads from one buffer (a strided or padded read) is one `llvm.masked.gather` instead
+    # of a load per lane: a fraction of the IR for LLVM to optimise, but slower code where gathers are slow
+    gathers = False
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""

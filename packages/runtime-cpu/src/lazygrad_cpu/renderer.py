@@ -10,6 +10,7 @@ from lazygrad_codegen.cstyle import kernel_function_name
 from lazygrad_codegen.llvmir import LLVMFunction, LLVMRenderer
 from lazygrad_cpu.compiler import host_vector_bits
 from lazygrad_cpu.threads import usable_cores
+from lazygrad_uop.config import ContextVar
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -17,6 +18,11 @@ from lazygrad_uop.uop import UOp
 CORE_AXIS = "core0"
 # the values of core0 this call runs: the last two parameters of every CPU kernel
 CORE_START, CORE_END = "%core_start", "%core_end"
+
+# 1: a vector of scalar loads from one buffer (strided convolutions, transposes) is one llvm.masked.gather. LLVM
+# compiles ResNet-18's kernels in about 0.6x the time, but on the x86 CPUs measured some kernels ran 2-4x slower
+# (gathers inside reductions, a weight gradient's): for quick first runs, off by default
+CPU_GATHERS = ContextVar("CPU_GATHERS", 0)
 
 
 def arity_symbol(name: str) -> str:
@@ -45,6 +51,10 @@ class CPURenderer(LLVMRenderer):
     function_attributes: ClassVar[str] = 'nounwind "prefer-vector-width"="512"'
     # the threads a kernel's core0 axis is split over (see lazygrad_cpu.threads)
     compute_units = usable_cores()
+
+    def __init__(self) -> None:
+        # the setting when the renderer is made, as an instance attribute: the program cache keys on those
+        self.gathers = bool(CPU_GATHERS.value)
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """Open the loop over this call's range of core0; `render` closes it at the end of the function."""
