@@ -126,18 +126,20 @@ def _linear(u: UOp, deep: bool) -> Linear:
     """
     coeffs: dict[UOp, int] = {}
     k = 0
-    all_ones = _wrap(-1, u.dtype)
     stack: list[tuple[UOp, int, bool]] = [(u, 1, False)]
+    push = stack.append
     while stack:
         n, c, scaled = stack.pop()
-        if n.op is Ops.ADD and (deep or not scaled):
-            stack.extend((s, c, scaled) for s in reversed(n.src))
-        elif n.op is Ops.CONST:
+        op = n.op
+        if op is Ops.ADD and (deep or not scaled):
+            for s in reversed(n.src):
+                push((s, c, scaled))
+        elif op is Ops.CONST:
             k += c * n.arg
-        elif n.op is Ops.MUL and (co := _const_operand(n)) is not None:
-            stack.append((co[0], c * co[1], True))
-        elif deep and n.op is Ops.XOR and (co := _const_operand(n)) is not None and co[1] == all_ones:
-            stack.append((co[0], -c, True))
+        elif op is Ops.MUL and (co := _const_operand(n)) is not None:
+            push((co[0], c * co[1], True))
+        elif deep and op is Ops.XOR and (co := _const_operand(n)) is not None and co[1] == _wrap(-1, u.dtype):
+            push((co[0], -c, True))
             k -= c
         else:
             coeffs[n] = coeffs.get(n, 0) + c
@@ -148,8 +150,12 @@ def _interval(coeffs: dict[UOp, int], k: int) -> tuple[int, int]:
     """Exact bounds of a linear form, from the bounds of its bases."""
     lo = hi = k
     for b, c in coeffs.items():
-        lo += min(c * int(b.vmin), c * int(b.vmax))
-        hi += max(c * int(b.vmin), c * int(b.vmax))
+        b0, b1 = b._min_max
+        x0, x1 = c * int(b0), c * int(b1)
+        if x0 <= x1:
+            lo, hi = lo + x0, hi + x1
+        else:
+            lo, hi = lo + x1, hi + x0
     return lo, hi
 
 
@@ -167,16 +173,19 @@ def _wrap(v: int, dt: DType) -> int:
 
 def _build_sum(coeffs: dict[UOp, int], k: int, like: UOp) -> UOp:
     """The canonical chain for a linear form, in the dtype of `like` (coefficients wrap as the dtype does)."""
-    terms = []
+    # `terms[0] + terms[1] + ...` and `b * c`, built with `alu` directly: the operators' own steps are for Python
+    # scalars, and this builds a good part of what the symbolic rules build
+    dt = like.dtype
+    out: UOp | None = None
     for b in sorted(coeffs, key=order_key):
-        c = _wrap(coeffs[b], like.dtype)
+        c = _wrap(coeffs[b], dt)
         if c != 0:
-            terms.append(b if c == 1 else b * b.const_like(c))
-    k = _wrap(k, like.dtype)
-    if not terms:
-        return like.const_like(k)
-    out = functools.reduce(lambda a, t: a + t, terms)
-    return out + out.const_like(k) if k != 0 else out
+            t = b if c == 1 else b.alu(Ops.MUL, UOp.const(b.dtype, c))
+            out = t if out is None else out.alu(Ops.ADD, t)
+    k = _wrap(k, dt)
+    if out is None:
+        return UOp.const(dt, k)
+    return out.alu(Ops.ADD, UOp.const(out.dtype, k)) if k != 0 else out
 
 
 # *** sums and products ***

@@ -97,21 +97,27 @@ class _UOpInterner(type):
             raise
         if ref is not None and (found := ref()) is not None:
             return found
-        # only a new node has its sources checked: a key with a bad src can't be found among nodes that passed
-        if type(src) is not tuple:
+        return _new_node(op, dtype, src, arg, key)
+
+
+def _new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, key: tuple) -> UOp:
+    """A new node filed under its interning `key`, which no live node has (the interner's, `alu`'s and `const`'s
+    miss: they looked the key up already)."""
+    # only a new node has its sources checked: a key with a bad src can't be found among nodes that passed
+    if type(src) is not tuple:
+        _check_fields(op, src)
+    for s in src:
+        if not isinstance(s, UOp):
             _check_fields(op, src)
-        for s in src:
-            if not isinstance(s, UOp):
-                _check_fields(op, src)
-        node = object.__new__(cls)
-        _set_op(node, op)
-        _set_dtype(node, dtype)
-        _set_src(node, src)
-        _set_arg(node, arg)
-        ref = _InternRef(node, _forget)
-        ref.key = key
-        _INTERNED[key] = ref
-        return node
+    node = object.__new__(UOp)
+    _set_op(node, op)
+    _set_dtype(node, dtype)
+    _set_src(node, src)
+    _set_arg(node, arg)
+    ref = _InternRef(node, _forget)
+    ref.key = key
+    _INTERNED[key] = ref
+    return node
 
 
 class _Cached:
@@ -276,12 +282,13 @@ class UOp(metaclass=_UOpInterner):
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
         # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
         if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
-            # a live constant straight from the intern table, by the key the interner files it under: skips the
-            # metaclass call, and codegen builds about a million of these for a ResNet's first step
-            ref = _INTERNED.get((_CONST_VALUE, dtype, (), value, int))
+            # a constant straight from the intern table, by the key the interner files it under (or made and filed
+            # under it): skips the metaclass call, and codegen builds about a million of these for a ResNet's first step
+            key = (_CONST_VALUE, dtype, (), value, int)
+            ref = _INTERNED.get(key)
             if ref is not None and (found := ref()) is not None:
                 return found
-            return UOp(Ops.CONST, dtype, (), value)
+            return _new_node(Ops.CONST, dtype, (), value, key)
         if type(value) is bool and dtype is dtypes.bool:
             return UOp(Ops.CONST, dtype, (), value)
         if isinstance(value, UOp):
@@ -339,14 +346,18 @@ class UOp(metaclass=_UOpInterner):
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
         out = dtypes.bool.vec(self.dtype.count) if op in _COMPARISONS else operands[-1 if op is Ops.WHERE else 0].dtype
-        # a live node straight from the intern table (as in `const`); anything odd goes the long way, which checks
+        # the interner's lookup and, for a new node, its construction, without building the key twice; anything odd
+        # goes the long way, which says what is wrong
+        if type(op) is not Ops:
+            return UOp(op, out, operands)
+        key = (op._value_, out, operands, None, _NONE_TYPE)
         try:
-            ref = _INTERNED.get((op._value_, out, operands, None, _NONE_TYPE)) if type(op) is Ops else None
-        except TypeError:  # an unhashable operand: UOp() says what is wrong
-            ref = None
+            ref = _INTERNED.get(key)
+        except TypeError:  # an unhashable operand
+            return UOp(op, out, operands)
         if ref is not None and (found := ref()) is not None:
             return found
-        return UOp(op, out, operands)
+        return _new_node(op, out, operands, None, key)
 
     def ufix(self, x: Any) -> UOp:
         """`x` as a UOp of this node's dtype (Python scalars become constants)."""
@@ -360,8 +371,10 @@ class UOp(metaclass=_UOpInterner):
         """This value's bits reinterpreted as `dtype`."""
         return UOp(Ops.BITCAST, dtype, (self,))
 
+    # the operators turn a Python scalar into a constant as `ufix` does, written out: they build most of a graph's nodes
+
     def __add__(self, x: Any) -> UOp:
-        return self.alu(Ops.ADD, self.ufix(x))
+        return self.alu(Ops.ADD, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __radd__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.ADD, self)
@@ -373,7 +386,7 @@ class UOp(metaclass=_UOpInterner):
         return self.ufix(x).alu(Ops.ADD, -self)
 
     def __mul__(self, x: Any) -> UOp:
-        return self.alu(Ops.MUL, self.ufix(x))
+        return self.alu(Ops.MUL, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rmul__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.MUL, self)
@@ -384,13 +397,13 @@ class UOp(metaclass=_UOpInterner):
         return self.alu(Ops.MUL, self.const_like(-1))
 
     def __floordiv__(self, x: Any) -> UOp:
-        return self.alu(Ops.IDIV, self.ufix(x))
+        return self.alu(Ops.IDIV, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rfloordiv__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.IDIV, self)
 
     def __mod__(self, x: Any) -> UOp:
-        return self.alu(Ops.MOD, self.ufix(x))
+        return self.alu(Ops.MOD, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rmod__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.MOD, self)
@@ -401,7 +414,7 @@ class UOp(metaclass=_UOpInterner):
         return self.alu(Ops.MUL, self.ufix(x).alu(Ops.RECIP))
 
     def __lt__(self, x: Any) -> UOp:
-        return self.alu(Ops.CMPLT, self.ufix(x))
+        return self.alu(Ops.CMPLT, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __gt__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.CMPLT, self)
@@ -414,7 +427,7 @@ class UOp(metaclass=_UOpInterner):
 
     def ne(self, x: Any) -> UOp:
         """Elementwise `!=` (Python's `!=` stays identity so UOps can be dict keys)."""
-        return self.alu(Ops.CMPNE, self.ufix(x))
+        return self.alu(Ops.CMPNE, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def eq(self, x: Any) -> UOp:
         """Elementwise `==`."""
@@ -425,19 +438,19 @@ class UOp(metaclass=_UOpInterner):
         return self.ne(True)
 
     def __and__(self, x: Any) -> UOp:
-        return self.alu(Ops.AND, self.ufix(x))
+        return self.alu(Ops.AND, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rand__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.AND, self)
 
     def __or__(self, x: Any) -> UOp:
-        return self.alu(Ops.OR, self.ufix(x))
+        return self.alu(Ops.OR, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __ror__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.OR, self)
 
     def __xor__(self, x: Any) -> UOp:
-        return self.alu(Ops.XOR, self.ufix(x))
+        return self.alu(Ops.XOR, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rxor__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.XOR, self)
