@@ -99,8 +99,8 @@ def _fold_constants(x: UOp) -> UOp | None:
 
 def _fold_bounded(x: UOp) -> UOp | None:
     """A node that bounds pin to a single value is that value."""
-    if x.dtype.count == 1 and x.vmin == x.vmax:
-        return x.const_like(x.vmin)
+    if x.dtype.count == 1 and (mm := x._min_max)[0] == mm[1]:
+        return x.const_like(mm[0])
     return None
 
 

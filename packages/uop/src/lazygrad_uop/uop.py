@@ -189,8 +189,8 @@ class UOp(metaclass=_UOpInterner):
 
     def replace(self, **kwargs: Any) -> UOp:
         """This node with some of op, dtype, src, arg changed (the same object when nothing changes)."""
-        if unknown := kwargs.keys() - _FIELDS:
-            raise TypeError(f"UOp.replace got unknown fields {sorted(unknown)}")
+        if not kwargs.keys() <= _FIELDS:  # a comparison, no set built: codegen replaces fields of most nodes it lowers
+            raise TypeError(f"UOp.replace got unknown fields {sorted(kwargs.keys() - _FIELDS)}")
         return UOp(
             kwargs.get("op", self.op),
             kwargs.get("dtype", self.dtype),
@@ -281,7 +281,11 @@ class UOp(metaclass=_UOpInterner):
     def const(dtype: DType, value: ConstType) -> UOp:
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
         # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
-        if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
+        if (
+            type(value) is int
+            and (r := _INT_RANGES[dtype] if dtype in _INT_RANGES else _int_range(dtype))
+            and r[0] <= value <= r[1]
+        ):
             # a constant straight from the intern table, by the key the interner files it under (or made and filed
             # under it): skips the metaclass call, and codegen builds about a million of these for a ResNet's first step
             key = (_CONST_VALUE, dtype, (), value, int)
