@@ -7,7 +7,7 @@ timing every `kernelize` call, and keeps the (device, kernel AST) pairs it compi
 of the engine can be checked to generate exactly the same programs.
 
     python benchmarks/rewrite_engine.py capture convnet resnet --out /tmp/asts
-    python benchmarks/rewrite_engine.py codegen /tmp/asts/convnet.pkl /tmp/asts/resnet.pkl [--profile]
+    python benchmarks/rewrite_engine.py codegen /tmp/asts/convnet.pkl /tmp/asts/resnet.pkl [--profile] [--sources DIR]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import json
 import os
 import pickle
 import sys
@@ -60,14 +61,16 @@ def capture(name: str, out: Path) -> None:
     )
 
 
-def codegen(paths: list[Path], profile: bool) -> None:
-    """CPU seconds of `get_program` over the kernels kept in `paths`, and a digest of the programs it renders."""
+def codegen(paths: list[Path], profile: bool, sources: Path | None = None) -> None:
+    """CPU seconds of `get_program` over the kernels kept in `paths`, and a digest of the programs it renders (with
+    `sources`: every program's source, into that folder, to compare kernel by kernel)."""
     from lazygrad_codegen.program import get_program
     from lazygrad_uop.registry import Device
 
     for path in paths:
         jobs = pickle.loads(path.read_bytes())
         digest = hashlib.sha256()
+        srcs: list[str] = []
         prof = None
         if profile:
             import cProfile
@@ -80,8 +83,12 @@ def codegen(paths: list[Path], profile: bool) -> None:
         for device, ast in jobs:
             spec = get_program(ast, Device[device].renderer)
             digest.update(spec.src.encode())
+            srcs.append(spec.src)
         spent = time.process_time() - st
         gc.enable()
+        if sources is not None:
+            sources.mkdir(parents=True, exist_ok=True)
+            (sources / f"{path.stem}.json").write_text(json.dumps(srcs))
         if prof is not None:
             import pstats
 
@@ -99,13 +106,14 @@ def main() -> None:
     gen = sub.add_parser("codegen")
     gen.add_argument("paths", nargs="+", type=Path)
     gen.add_argument("--profile", action="store_true")
+    gen.add_argument("--sources", type=Path, help="a folder to write each workload's program sources into")
     args = parser.parse_args()
     if args.cmd == "capture":
         args.out.mkdir(parents=True, exist_ok=True)
         for name in args.workloads:
             capture(name, args.out)
     else:
-        codegen(args.paths, args.profile)
+        codegen(args.paths, args.profile, args.sources)
 
 
 if __name__ == "__main__":

@@ -330,7 +330,11 @@ def _split(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, keep_small: boo
     qc: dict[UOp, int] = {}
     rc: dict[UOp, int] = {}
     for b, a in coeffs.items():
-        r = a if keep_small and abs(a) < m else _residue(a, m, nonneg, int(b.vmin), int(b.vmax))
+        if keep_small and abs(a) < m:
+            r = a
+        else:
+            lo, hi = b._min_max
+            r = _residue(a, m, nonneg, int(lo), int(hi))
         qc[b], rc[b] = (a - r) // m, r
     rk = k if keep_small and abs(k) < m else _residue(k, m, nonneg, 1, 1)
     return (qc, (k - rk) // m), (rc, rk)
@@ -378,14 +382,16 @@ def _signed_candidates(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, div
     k = h*kq + kr, 0 <= kr < h (or -h < kr <= 0): x // m == (x/h without kr) // (m/h), and
     x % m == ((x/h without kr) % (m/h))*h + kr, because truncating by h first drops exactly kr.
     """
-    splits = [_split(coeffs, k, m, nonneg, keep) for keep in (True, False)]
-    for (qc, qk), (rc, rk) in splits:
+    # the second split only where the first doesn't settle it (a split reads bounds and builds nothing)
+    splits = []
+    for keep in (True, False):
+        (qc, qk), (rc, rk) = split = _split(coeffs, k, m, nonneg, keep)
         rlo, rhi = _interval(rc, rk)
         if (0 <= rlo and rhi < m) if nonneg else (-m < rlo and rhi <= 0):
             return [_build_sum(qc, qk, u) if div else _build_sum(rc, rk, u)]
+        splits.append((split, rlo, rhi))
     out = []
-    for (qc, qk), (rc, rk) in splits:
-        rlo, rhi = _interval(rc, rk)
+    for ((qc, qk), (rc, rk)), rlo, rhi in splits:
         if (rlo >= 0 if nonneg else rhi <= 0) and _fits(rlo, rhi, u.dtype) and (any(qc.values()) or qk):
             rem = _build_sum(rc, rk, u)
             out.append(_build_sum({**qc, rem // rem.const_like(m): 1}, qk, u) if div else rem % rem.const_like(m))
@@ -399,7 +405,8 @@ def _signed_candidates(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, div
 
 
 def _nonzero(y: UOp) -> bool:
-    return y.vmin > 0 or y.vmax < 0
+    lo, hi = y._min_max
+    return lo > 0 or hi < 0
 
 
 def _mod_small(x: UOp, y: UOp) -> UOp | None:
