@@ -3,8 +3,9 @@ less) of code generation for the kernels of real models' first steps, and of sch
 
 `capture` runs a workload's first step once (compile.py's workloads: resnet, gpt2, convnet) with an empty cache,
 timing every `kernelize` call, and keeps the (device, kernel AST) pairs it compiled in a pickle. `codegen` then times
-`get_program` on every kept AST in a fresh process and prints a digest of the rendered sources, so that two versions
-of the engine can be checked to generate exactly the same programs.
+`get_program` on every kept AST in a fresh process and prints a digest of the rendered sources (`--sources`: each
+program's source), so that two versions of the engine can be checked to generate exactly the same programs. With no
+arguments: both steps for the conv net and ResNet-18, each in a fresh process.
 
     python benchmarks/rewrite_engine.py capture convnet resnet --out /tmp/asts
     python benchmarks/rewrite_engine.py codegen /tmp/asts/convnet.pkl /tmp/asts/resnet.pkl [--profile] [--sources DIR]
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,9 +99,18 @@ def codegen(paths: list[Path], profile: bool, sources: Path | None = None) -> No
         print(f"{path.stem}: get_program on {len(jobs)} kernels {spent:.2f} CPU s, sources {digest.hexdigest()[:16]}")
 
 
+def run_all(workloads: list[str]) -> None:
+    """Capture each workload and time its code generation, each step in a fresh process."""
+    out = Path(tempfile.mkdtemp(prefix="lazygrad-engine-bench-"))
+    for name in workloads:
+        for args in (["capture", name, "--out", str(out)], ["codegen", str(out / f"{name}.pkl")]):
+            done = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True)
+            print(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd")
     cap = sub.add_parser("capture")
     cap.add_argument("workloads", nargs="+")
     cap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()))
@@ -112,8 +123,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         for name in args.workloads:
             capture(name, args.out)
-    else:
+    elif args.cmd == "codegen":
         codegen(args.paths, args.profile, args.sources)
+    else:
+        run_all(["convnet", "resnet"])
 
 
 if __name__ == "__main__":
