@@ -225,6 +225,91 @@ def _match_seq(pats: Sequence[UPat], srcs: tuple[UOp, ...], bound: dict[str, UOp
     return results
 
 
+class _NotCompiledError(Exception):
+    """A pattern `_compile` leaves to `UPat._match1` (names bound inside a pattern every source must match)."""
+
+
+def _compile(pat: UPat) -> Callable[[UOp], dict[str, UOp] | None] | None:
+    """A function that does what `pat._match1` does on a node, with every check of the whole pattern written out in
+    one Python function: the names it binds, or None where the node doesn't match. None for patterns it can't write
+    out (any-order sources, or names under a repeated source), which keep the interpreted match.
+
+    Matching is most of what a rewrite pass costs: the interpreted match makes a Python call for every pattern node
+    it visits, this makes one per rule tried."""
+    if not pat._single:
+        return None
+    lines: list[str] = []
+    env: dict[str, Any] = {"_arg_key": _arg_key}
+    bound: dict[str, str] = {}
+    try:
+        _emit(pat, "n0", lines, env, bound, [1])
+    except _NotCompiledError:
+        return None
+    lines.append(f"    return {{{', '.join(f'{k!r}: {v}' for k, v in bound.items())}}}")
+    code = "def match(n0):\n" + "\n".join(lines) + "\n"
+    # the source is built above from the pattern alone
+    exec(compile(code, f"<pattern {pat!r}>", "exec"), env)
+    return env["match"]
+
+
+def _emit(p: UPat, var: str, lines: list[str], env: dict[str, Any], bound: dict[str, str], serial: list[int]) -> None:
+    """Append to `lines` the checks of `p` on the node in local `var`, in `UPat._match1`'s order."""
+    k = serial[0]
+    serial[0] += 1
+    if p._ops is not None:
+        if len(p._ops) == 1:
+            env[f"OP{k}"] = next(iter(p._ops))
+            lines.append(f"    if {var}.op is not OP{k}: return None")
+        else:
+            env[f"OPS{k}"] = p._ops
+            lines.append(f"    if {var}.op not in OPS{k}: return None")
+    if p.dtype is not None:
+        env[f"DT{k}"] = p.dtype
+        lines.append(f"    if {var}.dtype not in DT{k} and {var}.dtype.scalar() not in DT{k}: return None")
+    if p._argkey is not None:
+        env[f"ARG{k}"] = p.arg
+        if type(p.arg) is int or type(p.arg) is bool:
+            # _arg_key of an int or bool is (its exact type, the value)
+            lines.append(f"    if type({var}.arg) is not type(ARG{k}) or {var}.arg != ARG{k}: return None")
+        else:
+            env[f"KEY{k}"] = p._argkey
+            lines.append(f"    if _arg_key({var}.arg) != KEY{k}: return None")
+    if p.name is not None:
+        if p.name in bound:
+            lines.append(f"    if {var} is not {bound[p.name]}: return None")
+        else:
+            bound[p.name] = var
+    if p.src is None:
+        return
+    if p._repeat:
+        sub = p.src[0]
+        if any(q.name is not None for q in _walk(sub)):
+            raise _NotCompiledError
+        if (sub_match := _compile(sub)) is None:
+            raise _NotCompiledError
+        env[f"SUB{k}"] = sub_match
+        lines.append(f"    for s in {var}.src:")
+        lines.append(f"        if SUB{k}(s) is None: return None")
+        return
+    n = len(p.src)
+    lines.append(f"    s{k} = {var}.src")
+    lines.append(f"    if len(s{k}) {'<' if p.allow_any_len else '!='} {n}: return None")
+    for i, q in enumerate(p.src):
+        child = f"n{serial[0]}"
+        lines.append(f"    {child} = s{k}[{i}]")
+        _emit(q, child, lines, env, bound, serial)
+
+
+def _walk(p: UPat) -> list[UPat]:
+    """`p` and every pattern under it."""
+    out, stack = [], [p]
+    while stack:
+        q = stack.pop()
+        out.append(q)
+        stack.extend(q.src or ())
+    return out
+
+
 Rule = tuple[UPat, Callable[..., UOp | None]]
 
 
@@ -240,7 +325,7 @@ class PatternMatcher:
         # graph_rewrite(memo=True): the node attribute each ctx's results are kept under
         self._memo_attrs: dict[Any, str] = {}
         # indexed by the op's int value, not by the op: hashing an Enum member is a Python-level call on Python 3.11
-        self._by_value: list[list[tuple[UPat, Callable[..., UOp | None], bool]]] = [
+        self._by_value: list[list[tuple[UPat, Callable[..., UOp | None], bool, Callable | None]]] = [
             [] for _ in range(max(op._value_ for op in Ops) + 1)
         ]
         for pat, fxn in self.rules:
@@ -249,17 +334,25 @@ class PatternMatcher:
             root = UPat(None, pat.dtype, None, pat.arg, pat.name, pat.allow_any_len)
             root.src, root._permute, root._repeat = pat.src, pat._permute, pat._repeat
             root._prepare()
+            match = _compile(root)
             for op in pat.op if pat.op is not None else Ops:
-                self._by_value[op._value_].append((root, fxn, wants_ctx))
+                self._by_value[op._value_].append((root, fxn, wants_ctx, match))
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
         """The result of the first rule that matches `u` and returns something other than None."""
-        for pat, fxn, wants_ctx in self._by_value[u.op._value_]:
+        for pat, fxn, wants_ctx, match in self._by_value[u.op._value_]:
+            if match is not None:
+                if (bound := match(u)) is None:
+                    continue
+                ret = fxn(ctx=ctx, **bound) if wants_ctx else fxn(**bound)
+                if ret is not None and ret is not u:
+                    return ret
+                continue
             if pat._single:
-                bound: dict[str, UOp] = {}
+                bound = {}
                 if not pat._match1(u, bound):
                     continue
                 ret = fxn(ctx=ctx, **bound) if wants_ctx else fxn(**bound)
@@ -318,11 +411,14 @@ def graph_rewrite(
     in_progress: set[UOp] = set()
     budget = REWRITE_LIMIT.value
     rewrite, by_value = pm.rewrite, pm._by_value
-    # stack entries: (node, stage, pending) — stage 0: enter, 1: sources done, 2: node became `pending`
-    stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
+    # stack entries: a UOp to enter, or (node, pending): `node`'s sources are done (pending None), or `node` became
+    # `pending`. Entering by the bare node lets the sources go on the stack with one C-level extend, no tuple each
+    stack: list[UOp | tuple[UOp, UOp | None]] = [root]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        node, stage, pending = stack.pop()
-        if stage == 0:
+        item = pop()
+        if type(item) is not tuple:
+            node = item
             if node in done:
                 continue
             if attr is not None and (known := node.__dict__.get(attr)) is not None:
@@ -330,34 +426,47 @@ def graph_rewrite(
                 continue
             if node in in_progress:
                 raise RewriteError(f"graph_rewrite{' ' + name if name else ''}: rules rewrite {node.op} in a cycle")
-            in_progress.add(node)
-            if not top_down or not by_value[node.op._value_] or (new := rewrite(node, ctx)) is None:
-                stack.append((node, 1, None))
-                stack.extend([(s, 0, None) for s in reversed(node.src) if s not in done])
+            if top_down and by_value[node.op._value_]:
+                in_progress.add(node)
+                if (new := rewrite(node, ctx)) is not None:
+                    push((node, new))
+                    push(new)
+                    budget -= 1
+                    if budget < 0:
+                        raise RewriteError(f"graph_rewrite{' ' + name if name else ''} exceeded REWRITE_LIMIT rewrites")
+                    continue
+            if src := node.src:
+                # sources come off the stack in order; one done by then is skipped where it is entered
+                in_progress.add(node)
+                push((node, None))
+                extend(reversed(src))
                 continue
-        elif stage == 1:
-            src = node.src
-            new_src = tuple([done[s] for s in src])
-            rebuilt = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)
-            # most nodes have an op no rule is about: skip the call
-            if not by_value[rebuilt.op._value_] or (new := rewrite(rebuilt, ctx)) is None:
-                done[node] = rebuilt
-                in_progress.discard(node)
-                if rebuilt is not node and rebuilt not in done:
-                    done[rebuilt] = rebuilt
-                continue
+            # a node without sources is its own rebuilt node: rewrite it here rather than through the stack
+            rebuilt = node
         else:
-            assert pending is not None
-            done[node] = done[pending]
+            node, pending = item
+            if pending is not None:
+                done[node] = done[pending]
+                in_progress.discard(node)
+                continue
+            src = node.src
+            new_src = tuple(map(done.__getitem__, src))
+            rebuilt = node if new_src == src else UOp(node.op, node.dtype, new_src, node.arg)
+        # most nodes have an op no rule is about: skip the call
+        if not by_value[rebuilt.op._value_] or (new := rewrite(rebuilt, ctx)) is None:
+            done[node] = rebuilt
             in_progress.discard(node)
+            if rebuilt is not node and rebuilt not in done:
+                done[rebuilt] = rebuilt
             continue
         # a rule fired: `node` becomes whatever `new` rewrites to. Only fired rules count against the budget, so a
         # big graph that needs no rewriting is no sign of a loop, while rules that grow the graph forever are stopped
         budget -= 1
         if budget < 0:
             raise RewriteError(f"graph_rewrite{' ' + name if name else ''} exceeded REWRITE_LIMIT rewrites")
-        stack.append((node, 2, new))
-        stack.append((new, 0, None))
+        in_progress.add(node)
+        push((node, new))
+        push(new)
     if attr is not None:
         for node, out in done.items():
             node.__dict__[attr] = _FIXED if out is node else out

@@ -99,8 +99,8 @@ def _fold_constants(x: UOp) -> UOp | None:
 
 def _fold_bounded(x: UOp) -> UOp | None:
     """A node that bounds pin to a single value is that value."""
-    if x.dtype.count == 1 and x.vmin == x.vmax:
-        return x.const_like(x.vmin)
+    if x.dtype.count == 1 and (mm := x._min_max)[0] == mm[1]:
+        return x.const_like(mm[0])
     return None
 
 
@@ -126,18 +126,20 @@ def _linear(u: UOp, deep: bool) -> Linear:
     """
     coeffs: dict[UOp, int] = {}
     k = 0
-    all_ones = _wrap(-1, u.dtype)
     stack: list[tuple[UOp, int, bool]] = [(u, 1, False)]
+    push = stack.append
     while stack:
         n, c, scaled = stack.pop()
-        if n.op is Ops.ADD and (deep or not scaled):
-            stack.extend((s, c, scaled) for s in reversed(n.src))
-        elif n.op is Ops.CONST:
+        op = n.op
+        if op is Ops.ADD and (deep or not scaled):
+            for s in reversed(n.src):
+                push((s, c, scaled))
+        elif op is Ops.CONST:
             k += c * n.arg
-        elif n.op is Ops.MUL and (co := _const_operand(n)) is not None:
-            stack.append((co[0], c * co[1], True))
-        elif deep and n.op is Ops.XOR and (co := _const_operand(n)) is not None and co[1] == all_ones:
-            stack.append((co[0], -c, True))
+        elif op is Ops.MUL and (co := _const_operand(n)) is not None:
+            push((co[0], c * co[1], True))
+        elif deep and op is Ops.XOR and (co := _const_operand(n)) is not None and co[1] == _wrap(-1, u.dtype):
+            push((co[0], -c, True))
             k -= c
         else:
             coeffs[n] = coeffs.get(n, 0) + c
@@ -148,8 +150,12 @@ def _interval(coeffs: dict[UOp, int], k: int) -> tuple[int, int]:
     """Exact bounds of a linear form, from the bounds of its bases."""
     lo = hi = k
     for b, c in coeffs.items():
-        lo += min(c * int(b.vmin), c * int(b.vmax))
-        hi += max(c * int(b.vmin), c * int(b.vmax))
+        b0, b1 = b._min_max
+        x0, x1 = c * int(b0), c * int(b1)
+        if x0 <= x1:
+            lo, hi = lo + x0, hi + x1
+        else:
+            lo, hi = lo + x1, hi + x0
     return lo, hi
 
 
@@ -167,16 +173,19 @@ def _wrap(v: int, dt: DType) -> int:
 
 def _build_sum(coeffs: dict[UOp, int], k: int, like: UOp) -> UOp:
     """The canonical chain for a linear form, in the dtype of `like` (coefficients wrap as the dtype does)."""
-    terms = []
+    # `terms[0] + terms[1] + ...` and `b * c`, built with `alu` directly: the operators' own steps are for Python
+    # scalars, and this builds a good part of what the symbolic rules build
+    dt = like.dtype
+    out: UOp | None = None
     for b in sorted(coeffs, key=order_key):
-        c = _wrap(coeffs[b], like.dtype)
+        c = _wrap(coeffs[b], dt)
         if c != 0:
-            terms.append(b if c == 1 else b * b.const_like(c))
-    k = _wrap(k, like.dtype)
-    if not terms:
-        return like.const_like(k)
-    out = functools.reduce(lambda a, t: a + t, terms)
-    return out + out.const_like(k) if k != 0 else out
+            t = b if c == 1 else b.alu(Ops.MUL, UOp.const(b.dtype, c))
+            out = t if out is None else out.alu(Ops.ADD, t)
+    k = _wrap(k, dt)
+    if out is None:
+        return UOp.const(dt, k)
+    return out.alu(Ops.ADD, UOp.const(out.dtype, k)) if k != 0 else out
 
 
 # *** sums and products ***
@@ -321,7 +330,11 @@ def _split(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, keep_small: boo
     qc: dict[UOp, int] = {}
     rc: dict[UOp, int] = {}
     for b, a in coeffs.items():
-        r = a if keep_small and abs(a) < m else _residue(a, m, nonneg, int(b.vmin), int(b.vmax))
+        if keep_small and abs(a) < m:
+            r = a
+        else:
+            lo, hi = b._min_max
+            r = _residue(a, m, nonneg, int(lo), int(hi))
         qc[b], rc[b] = (a - r) // m, r
     rk = k if keep_small and abs(k) < m else _residue(k, m, nonneg, 1, 1)
     return (qc, (k - rk) // m), (rc, rk)
@@ -369,14 +382,16 @@ def _signed_candidates(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, div
     k = h*kq + kr, 0 <= kr < h (or -h < kr <= 0): x // m == (x/h without kr) // (m/h), and
     x % m == ((x/h without kr) % (m/h))*h + kr, because truncating by h first drops exactly kr.
     """
-    splits = [_split(coeffs, k, m, nonneg, keep) for keep in (True, False)]
-    for (qc, qk), (rc, rk) in splits:
+    # the second split only where the first doesn't settle it (a split reads bounds and builds nothing)
+    splits = []
+    for keep in (True, False):
+        (qc, qk), (rc, rk) = split = _split(coeffs, k, m, nonneg, keep)
         rlo, rhi = _interval(rc, rk)
         if (0 <= rlo and rhi < m) if nonneg else (-m < rlo and rhi <= 0):
             return [_build_sum(qc, qk, u) if div else _build_sum(rc, rk, u)]
+        splits.append((split, rlo, rhi))
     out = []
-    for (qc, qk), (rc, rk) in splits:
-        rlo, rhi = _interval(rc, rk)
+    for ((qc, qk), (rc, rk)), rlo, rhi in splits:
         if (rlo >= 0 if nonneg else rhi <= 0) and _fits(rlo, rhi, u.dtype) and (any(qc.values()) or qk):
             rem = _build_sum(rc, rk, u)
             out.append(_build_sum({**qc, rem // rem.const_like(m): 1}, qk, u) if div else rem % rem.const_like(m))
@@ -390,7 +405,8 @@ def _signed_candidates(coeffs: dict[UOp, int], k: int, m: int, nonneg: bool, div
 
 
 def _nonzero(y: UOp) -> bool:
-    return y.vmin > 0 or y.vmax < 0
+    lo, hi = y._min_max
+    return lo > 0 or hi < 0
 
 
 def _mod_small(x: UOp, y: UOp) -> UOp | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import struct
@@ -98,21 +97,47 @@ class _UOpInterner(type):
             raise
         if ref is not None and (found := ref()) is not None:
             return found
-        # only a new node has its sources checked: a key with a bad src can't be found among nodes that passed
-        if type(src) is not tuple:
+        return _new_node(op, dtype, src, arg, key)
+
+
+def _new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, key: tuple) -> UOp:
+    """A new node filed under its interning `key`, which no live node has (the interner's, `alu`'s and `const`'s
+    miss: they looked the key up already)."""
+    # only a new node has its sources checked: a key with a bad src can't be found among nodes that passed
+    if type(src) is not tuple:
+        _check_fields(op, src)
+    for s in src:
+        if not isinstance(s, UOp):
             _check_fields(op, src)
-        for s in src:
-            if not isinstance(s, UOp):
-                _check_fields(op, src)
-        node = object.__new__(cls)
-        _set_op(node, op)
-        _set_dtype(node, dtype)
-        _set_src(node, src)
-        _set_arg(node, arg)
-        ref = _InternRef(node, _forget)
-        ref.key = key
-        _INTERNED[key] = ref
-        return node
+    node = object.__new__(UOp)
+    _set_op(node, op)
+    _set_dtype(node, dtype)
+    _set_src(node, src)
+    _set_arg(node, arg)
+    ref = _InternRef(node, _forget)
+    ref.key = key
+    _INTERNED[key] = ref
+    return node
+
+
+class _Cached:
+    """`functools.cached_property` without its lock (Python 3.11 takes one at every first read): the value goes into
+    the node's __dict__, where later reads find it before this descriptor is asked. Bounds and walks are computed once
+    for each of the hundreds of thousands of nodes a model's compile builds."""
+
+    __slots__ = ("func", "name")
+
+    def __init__(self, func: Callable[[Any], Any]) -> None:
+        self.func, self.name = func, func.__name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
 
 
 class Toposort(Set["UOp"]):
@@ -164,8 +189,8 @@ class UOp(metaclass=_UOpInterner):
 
     def replace(self, **kwargs: Any) -> UOp:
         """This node with some of op, dtype, src, arg changed (the same object when nothing changes)."""
-        if unknown := kwargs.keys() - _FIELDS:
-            raise TypeError(f"UOp.replace got unknown fields {sorted(unknown)}")
+        if not kwargs.keys() <= _FIELDS:  # a comparison, no set built: codegen replaces fields of most nodes it lowers
+            raise TypeError(f"UOp.replace got unknown fields {sorted(kwargs.keys() - _FIELDS)}")
         return UOp(
             kwargs.get("op", self.op),
             kwargs.get("dtype", self.dtype),
@@ -173,7 +198,7 @@ class UOp(metaclass=_UOpInterner):
             kwargs.get("arg", self.arg),
         )
 
-    @functools.cached_property
+    @_Cached
     def _below(self) -> dict[UOp, None]:
         # every node under this one, sources first, without this one: caching a dict that held the node itself
         # would make a reference cycle, so a node (and a buffer it keeps alive) would wait for the cycle collector
@@ -256,13 +281,18 @@ class UOp(metaclass=_UOpInterner):
     def const(dtype: DType, value: ConstType) -> UOp:
         """A constant of `dtype`; vector dtypes broadcast a scalar value to every lane."""
         # an int that already fits a scalar int dtype is its own constant: skip the conversion (most constants are)
-        if type(value) is int and (r := _int_range(dtype)) is not None and r[0] <= value <= r[1]:
-            # a live constant straight from the intern table, by the key the interner files it under: skips the
-            # metaclass call, and codegen builds about a million of these for a ResNet's first step
-            ref = _INTERNED.get((_CONST_VALUE, dtype, (), value, int))
+        if (
+            type(value) is int
+            and (r := _INT_RANGES[dtype] if dtype in _INT_RANGES else _int_range(dtype))
+            and r[0] <= value <= r[1]
+        ):
+            # a constant straight from the intern table, by the key the interner files it under (or made and filed
+            # under it): skips the metaclass call, and codegen builds about a million of these for a ResNet's first step
+            key = (_CONST_VALUE, dtype, (), value, int)
+            ref = _INTERNED.get(key)
             if ref is not None and (found := ref()) is not None:
                 return found
-            return UOp(Ops.CONST, dtype, (), value)
+            return _new_node(Ops.CONST, dtype, (), value, key)
         if type(value) is bool and dtype is dtypes.bool:
             return UOp(Ops.CONST, dtype, (), value)
         if isinstance(value, UOp):
@@ -320,14 +350,18 @@ class UOp(metaclass=_UOpInterner):
         """Apply ALU op `op` to this node and `src`; comparisons give bool."""
         operands = (self, *src)
         out = dtypes.bool.vec(self.dtype.count) if op in _COMPARISONS else operands[-1 if op is Ops.WHERE else 0].dtype
-        # a live node straight from the intern table (as in `const`); anything odd goes the long way, which checks
+        # the interner's lookup and, for a new node, its construction, without building the key twice; anything odd
+        # goes the long way, which says what is wrong
+        if type(op) is not Ops:
+            return UOp(op, out, operands)
+        key = (op._value_, out, operands, None, _NONE_TYPE)
         try:
-            ref = _INTERNED.get((op._value_, out, operands, None, _NONE_TYPE)) if type(op) is Ops else None
-        except TypeError:  # an unhashable operand: UOp() says what is wrong
-            ref = None
+            ref = _INTERNED.get(key)
+        except TypeError:  # an unhashable operand
+            return UOp(op, out, operands)
         if ref is not None and (found := ref()) is not None:
             return found
-        return UOp(op, out, operands)
+        return _new_node(op, out, operands, None, key)
 
     def ufix(self, x: Any) -> UOp:
         """`x` as a UOp of this node's dtype (Python scalars become constants)."""
@@ -341,8 +375,10 @@ class UOp(metaclass=_UOpInterner):
         """This value's bits reinterpreted as `dtype`."""
         return UOp(Ops.BITCAST, dtype, (self,))
 
+    # the operators turn a Python scalar into a constant as `ufix` does, written out: they build most of a graph's nodes
+
     def __add__(self, x: Any) -> UOp:
-        return self.alu(Ops.ADD, self.ufix(x))
+        return self.alu(Ops.ADD, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __radd__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.ADD, self)
@@ -354,7 +390,7 @@ class UOp(metaclass=_UOpInterner):
         return self.ufix(x).alu(Ops.ADD, -self)
 
     def __mul__(self, x: Any) -> UOp:
-        return self.alu(Ops.MUL, self.ufix(x))
+        return self.alu(Ops.MUL, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rmul__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.MUL, self)
@@ -365,13 +401,13 @@ class UOp(metaclass=_UOpInterner):
         return self.alu(Ops.MUL, self.const_like(-1))
 
     def __floordiv__(self, x: Any) -> UOp:
-        return self.alu(Ops.IDIV, self.ufix(x))
+        return self.alu(Ops.IDIV, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rfloordiv__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.IDIV, self)
 
     def __mod__(self, x: Any) -> UOp:
-        return self.alu(Ops.MOD, self.ufix(x))
+        return self.alu(Ops.MOD, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rmod__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.MOD, self)
@@ -382,7 +418,7 @@ class UOp(metaclass=_UOpInterner):
         return self.alu(Ops.MUL, self.ufix(x).alu(Ops.RECIP))
 
     def __lt__(self, x: Any) -> UOp:
-        return self.alu(Ops.CMPLT, self.ufix(x))
+        return self.alu(Ops.CMPLT, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __gt__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.CMPLT, self)
@@ -395,7 +431,7 @@ class UOp(metaclass=_UOpInterner):
 
     def ne(self, x: Any) -> UOp:
         """Elementwise `!=` (Python's `!=` stays identity so UOps can be dict keys)."""
-        return self.alu(Ops.CMPNE, self.ufix(x))
+        return self.alu(Ops.CMPNE, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def eq(self, x: Any) -> UOp:
         """Elementwise `==`."""
@@ -406,19 +442,19 @@ class UOp(metaclass=_UOpInterner):
         return self.ne(True)
 
     def __and__(self, x: Any) -> UOp:
-        return self.alu(Ops.AND, self.ufix(x))
+        return self.alu(Ops.AND, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rand__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.AND, self)
 
     def __or__(self, x: Any) -> UOp:
-        return self.alu(Ops.OR, self.ufix(x))
+        return self.alu(Ops.OR, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __ror__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.OR, self)
 
     def __xor__(self, x: Any) -> UOp:
-        return self.alu(Ops.XOR, self.ufix(x))
+        return self.alu(Ops.XOR, x if isinstance(x, UOp) else UOp.const(self.dtype, x))
 
     def __rxor__(self, x: Any) -> UOp:
         return self.ufix(x).alu(Ops.XOR, self)
@@ -452,7 +488,7 @@ class UOp(metaclass=_UOpInterner):
 
     # *** bounds ***
 
-    @functools.cached_property
+    @_Cached
     def _min_max(self) -> tuple[ConstType, ConstType]:
         # settle the sources' bounds deepest first with a stack: recursing through vmin overflows at a few
         # hundred levels
@@ -528,11 +564,6 @@ def _int_range(dt: DType) -> tuple[int, int] | None:
 # *** bounds ***
 
 
-def _corners(op: Callable[[Any, Any], Any], a: UOp, b: UOp) -> tuple[Any, Any]:
-    vals = [op(x, y) for x in (a.vmin, a.vmax) for y in (b.vmin, b.vmax)]
-    return min(vals), max(vals)
-
-
 def _cdiv(a: int, b: int) -> int:
     """C's integer division: truncates toward zero."""
     q = abs(a) // abs(b)
@@ -544,82 +575,162 @@ def _cmod(a: int, b: int) -> int:
     return a - b * _cdiv(a, b)
 
 
-def _bounds(u: UOp) -> tuple[ConstType, ConstType]:
+# Bounds of a node from its op and its sources' bounds. Each rule gets the node, its sources' (vmin, vmax) pairs,
+# its scalar dtype and that dtype's full range (what a rule returns when it knows nothing), and is only asked when
+# every source's vmin is an int or bool. Looked up by the op's int value: one list index per node, where a chain of
+# `is` tests cost one comparison per op tried before the node's own.
+Bounds = tuple[ConstType, ConstType]
+
+
+def _bounds_add(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    return a0 + b0, a1 + b1
+
+
+def _bounds_mul(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    vals = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+    return min(vals), max(vals)
+
+
+def _bounds_max(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    return max(a0, b0), max(a1, b1)
+
+
+def _bounds_neg(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    return -mm[0][1], -mm[0][0]
+
+
+def _bounds_mod(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (d0, d1) = mm[0], mm[1]
+    if d0 > 0 or d1 < 0:  # C's remainder: |r| < |d|, with the dividend's sign
+        m = max(abs(d0), abs(d1)) - 1
+        return (0 if a0 >= 0 else max(-m, a0)), (0 if a1 <= 0 else min(m, a1))
+    return full
+
+
+def _bounds_idiv(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (d0, d1) = mm[0], mm[1]
+    if d0 > 0 or d1 < 0:
+        vals = [_cdiv(x, y) for x in (a0, a1) for y in (d0, d1)]
+        return min(vals), max(vals)
+    return full
+
+
+def _bounds_cmplt(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    if a1 < b0:
+        return True, True
+    if a0 >= b1:
+        return False, False
+    return False, True
+
+
+def _bounds_cmpne(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    if a1 < b0 or a0 > b1:
+        return True, True
+    if a0 == a1 == b0 == b1:
+        return False, False
+    return False, True
+
+
+def _bounds_where(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (c0, c1), (x0, x1), (y0, y1) = mm
+    if c0 == c1:
+        return (x0, x1) if c0 else (y0, y1)
+    return min(x0, y0), max(x1, y1)
+
+
+def _bounds_and(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    (a0, a1), (b0, b1) = mm[0], mm[1]
+    if dt is dtypes.bool:
+        return a0 and b0, a1 and b1
+    if a0 >= 0 and b0 >= 0:
+        return 0, min(a1, b1)
+    return full
+
+
+def _bounds_or(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    if dt is dtypes.bool:
+        (a0, a1), (b0, b1) = mm[0], mm[1]
+        return a0 or b0, a1 or b1
+    return full
+
+
+def _bounds_shift(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    a0, a1 = mm[0]
+    b = u.src[1]
+    if b.op is Ops.CONST and a0 >= 0 and b.arg >= 0:
+        return (a0 << b.arg, a1 << b.arg) if u.op is Ops.SHL else (a0 >> b.arg, a1 >> b.arg)
+    return full
+
+
+def _bounds_xor(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    b = u.src[1]
+    if dtypes.is_int(dt) and b.op is Ops.CONST and b.arg == dtypes.as_const(-1, dt):
+        # x ^ all-ones is bitwise not, which reverses the order of the dtype's values
+        return dtypes.as_const(~mm[0][1], dt), dtypes.as_const(~mm[0][0], dt)
+    return full
+
+
+def _bounds_cast(u: UOp, mm: list[Bounds], dt: DType, full: Bounds) -> Bounds:
+    if dtypes.is_int(dt) or dt is dtypes.bool:
+        # a value outside the target's range wraps (or becomes True), so only a source that fits keeps its bounds
+        a0, a1 = mm[0]
+        return (a0, a1) if full[0] <= a0 and a1 <= full[1] else full
+    return full
+
+
+_ALU_BOUNDS: list[Callable[[UOp, list[Bounds], DType, Bounds], Bounds] | None] = [None] * (
+    max(op._value_ for op in Ops) + 1
+)
+for _op, _rule in (
+    (Ops.ADD, _bounds_add),
+    (Ops.MUL, _bounds_mul),
+    (Ops.MAX, _bounds_max),
+    (Ops.NEG, _bounds_neg),
+    (Ops.MOD, _bounds_mod),
+    (Ops.IDIV, _bounds_idiv),
+    (Ops.CMPLT, _bounds_cmplt),
+    (Ops.CMPNE, _bounds_cmpne),
+    (Ops.WHERE, _bounds_where),
+    (Ops.AND, _bounds_and),
+    (Ops.OR, _bounds_or),
+    (Ops.SHL, _bounds_shift),
+    (Ops.SHR, _bounds_shift),
+    (Ops.XOR, _bounds_xor),
+    (Ops.CAST, _bounds_cast),
+):
+    _ALU_BOUNDS[_op._value_] = _rule
+
+
+def _bounds(u: UOp) -> Bounds:
+    op = u.op
+    if op is Ops.CONST:
+        return u.arg, u.arg
+    if op is Ops.DEFINE_VAR:
+        return u.arg[1], u.arg[2]
+    if op is Ops.BIND:
+        return u.src[0].vmin, u.src[0].vmax
+    if op is Ops.RANGE:
+        return 0, max(0, u.src[0].vmax - 1)
+    if op is Ops.SPECIAL:
+        return 0, u.arg[1] - 1 if isinstance(u.arg[1], int) else u.arg[1].vmax - 1
+    src = u.src
+    if op is Ops.VECTORIZE and src:
+        return min(s.vmin for s in src), max(s.vmax for s in src)
     dt = u.dtype.scalar()
     full = _dtype_range(dt)
-    if u.op is Ops.CONST:
-        return u.arg, u.arg
-    if u.op is Ops.DEFINE_VAR:
-        return u.arg[1], u.arg[2]
-    if u.op is Ops.BIND:
-        return u.src[0].vmin, u.src[0].vmax
-    if u.op is Ops.RANGE:
-        return 0, max(0, u.src[0].vmax - 1)
-    if u.op is Ops.SPECIAL:
-        return 0, u.arg[1] - 1 if isinstance(u.arg[1], int) else u.arg[1].vmax - 1
-    if u.op is Ops.VECTORIZE and u.src:
-        return min(s.vmin for s in u.src), max(s.vmax for s in u.src)
-    if len(u.src) == 0 or not all(isinstance(s.vmin, (int, bool)) for s in u.src):
+    if not src:
         return full
-    s0 = u.src[0]
-    if u.op is Ops.ADD:
-        return s0.vmin + u.src[1].vmin, s0.vmax + u.src[1].vmax
-    if u.op is Ops.MUL:
-        a0, a1, b0, b1 = s0.vmin, s0.vmax, u.src[1].vmin, u.src[1].vmax
-        vals = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
-        return min(vals), max(vals)
-    if u.op is Ops.MAX:
-        return max(s0.vmin, u.src[1].vmin), max(s0.vmax, u.src[1].vmax)
-    if u.op is Ops.NEG:
-        return -s0.vmax, -s0.vmin
-    if u.op is Ops.MOD:
-        d = u.src[1]
-        if d.vmin > 0 or d.vmax < 0:  # C's remainder: |r| < |d|, with the dividend's sign
-            m = max(abs(d.vmin), abs(d.vmax)) - 1
-            lo = 0 if s0.vmin >= 0 else max(-m, s0.vmin)
-            hi = 0 if s0.vmax <= 0 else min(m, s0.vmax)
-            return lo, hi
-        return full
-    if u.op is Ops.IDIV:
-        d = u.src[1]
-        if d.vmin > 0 or d.vmax < 0:
-            return _corners(_cdiv, s0, d)
-        return full
-    if u.op is Ops.CMPLT:
-        if s0.vmax < u.src[1].vmin:
-            return True, True
-        if s0.vmin >= u.src[1].vmax:
-            return False, False
-        return False, True
-    if u.op is Ops.CMPNE:
-        a, b = s0, u.src[1]
-        if a.vmax < b.vmin or a.vmin > b.vmax:
-            return True, True
-        if a.vmin == a.vmax == b.vmin == b.vmax:
-            return False, False
-        return False, True
-    if u.op is Ops.WHERE:
-        c, x, y = u.src
-        if c.vmin == c.vmax:
-            return (x.vmin, x.vmax) if c.vmin else (y.vmin, y.vmax)
-        return min(x.vmin, y.vmin), max(x.vmax, y.vmax)
-    if u.op is Ops.AND and dtypes.is_bool(dt):
-        return s0.vmin and u.src[1].vmin, s0.vmax and u.src[1].vmax
-    if u.op is Ops.OR and dtypes.is_bool(dt):
-        return s0.vmin or u.src[1].vmin, s0.vmax or u.src[1].vmax
-    if u.op is Ops.AND and s0.vmin >= 0 and u.src[1].vmin >= 0:
-        return 0, min(s0.vmax, u.src[1].vmax)
-    if u.op is Ops.SHL and u.src[1].op is Ops.CONST and s0.vmin >= 0 and u.src[1].arg >= 0:
-        return s0.vmin << u.src[1].arg, s0.vmax << u.src[1].arg
-    if u.op is Ops.SHR and u.src[1].op is Ops.CONST and s0.vmin >= 0 and u.src[1].arg >= 0:
-        return s0.vmin >> u.src[1].arg, s0.vmax >> u.src[1].arg
-    if u.op is Ops.XOR and dtypes.is_int(dt) and u.src[1].op is Ops.CONST and u.src[1].arg == dtypes.as_const(-1, dt):
-        # x ^ all-ones is bitwise not, which reverses the order of the dtype's values
-        return dtypes.as_const(~s0.vmax, dt), dtypes.as_const(~s0.vmin, dt)
-    if u.op is Ops.CAST and (dtypes.is_int(dt) or dtypes.is_bool(dt)):
-        # a value outside the target's range wraps (or becomes True), so only a source that fits keeps its bounds
-        return (s0.vmin, s0.vmax) if full[0] <= s0.vmin and s0.vmax <= full[1] else full
-    return full
+    mm = [s._min_max for s in src]
+    for lo, _ in mm:
+        if not isinstance(lo, (int, bool)):
+            return full
+    rule = _ALU_BOUNDS[op._value_]
+    return full if rule is None else rule(u, mm, dt, full)
 
 
 # *** evaluation: the meaning of an integer expression, in Python ints ***
