@@ -1,4 +1,5 @@
-"""Compiling a schedule's kernels: on a worker thread the binaries are byte for byte those of compiling one by one;
+"""Compiling a schedule's kernels: on a worker thread or in worker processes the binaries are byte for byte those of
+compiling one by one, and a worker process's failures come back as errors or a fallback with a warning;
 a warm cache in a new process generates nothing again and a damaged binary entry is recompiled, never loaded; the
 progress line shows only where it should, and is erased."""
 
@@ -69,6 +70,63 @@ def test_worker_thread_gives_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> 
         assert all(t.startswith("lazygrad-compile") for t in threads)
     assert [s.src for s, _ in one_by_one] == [s.src for s, _ in together]
     assert [lib for _, lib in one_by_one] == [lib for _, lib in together]
+
+
+def test_worker_processes_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = cpu_jobs()
+    compiler = Device[jobs[0][0]].compiler
+    if compiler.worker_factory() is None:
+        pytest.skip(f"{type(compiler).__name__} compiles in this process only")
+    monkeypatch.setattr(comp, "PROCESS_MIN_KERNELS", 1)
+    with Context(DISABLE_COMPILER_CACHE=1, PROGRESS=0, COMPILE_PROCESSES=2):
+        one_by_one = comp.compile_kernels(jobs, parallel=False)
+        in_workers = comp.compile_kernels(jobs, parallel=True)
+        pool = comp._worker_pool()
+    assert pool is not None and 1 <= pool[0]._started <= 2  # the workers did compile them
+    assert [s.src for s, _ in one_by_one] == [s.src for s, _ in in_workers]
+    assert [lib for _, lib in one_by_one] == [lib for _, lib in in_workers]
+    with Context(COMPILE_PROCESSES=0):
+        assert comp._worker_pool() is None
+
+
+def test_worker_process_errors_and_a_lost_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazygrad_uop.compile_workers import WorkerLostError, WorkerPool
+    from lazygrad_uop.device import CompileError
+
+    jobs = cpu_jobs()
+    compiler = Device[jobs[0][0]].compiler
+    if compiler.worker_factory() is None:
+        pytest.skip(f"{type(compiler).__name__} compiles in this process only")
+    src = comp.compile_kernels(jobs[:1], parallel=False)[0][0].src
+    monkeypatch.setenv("DEBUG", "7")  # the worker prints assembly: on its stderr, never into its answers
+    pool = WorkerPool(1)
+    try:
+        assert pool.compile(*compiler.worker_factory(), src) == compiler.compile(src)
+        with pytest.raises(CompileError, match="rejected"):
+            pool.compile(*compiler.worker_factory(), "this is not LLVM IR")
+        (worker,) = pool._all
+        worker.proc.kill()
+        worker.proc.wait()
+        with pytest.raises(WorkerLostError):
+            pool.compile(*compiler.worker_factory(), src)
+        assert pool._started == 0 and pool.lost
+        assert pool.compile(*compiler.worker_factory(), src) == compiler.compile(src)  # a new worker starts
+    finally:
+        pool.close()
+    # the compile pipeline goes on in this process, with a warning once, then without trying workers again
+    pool = WorkerPool(1)
+    try:
+        worker = pool._take()
+        pool._idle.put(worker)
+        worker.proc.kill()
+        worker.proc.wait()
+        with Context(DISABLE_COMPILER_CACHE=1):
+            with pytest.warns(RuntimeWarning, match="compiling in this process"):
+                assert comp._compile_in_worker(pool, compiler, src) == compiler.compile(src)
+            assert comp._compile_in_worker(pool, compiler, src) == compiler.compile(src)
+        assert pool._started == 0
+    finally:
+        pool.close()
 
 
 def test_results_through_the_pipeline_match_numpy() -> None:

@@ -1,6 +1,11 @@
 """Compiling the kernels of a schedule before it runs: each distinct kernel once, code generation on this thread
-(through the program cache, `lazygrad_codegen.program_cache`) while a worker thread compiles the sources already
-generated, for compilers that allow it (`Compiler.threadsafe`), and one progress line on stderr while it takes.
+(through the program cache, `lazygrad_codegen.program_cache`) while the sources already generated compile beside it,
+and one progress line on stderr while it takes.
+
+Where they compile: for compilers that allow threads (`Compiler.threadsafe`), on a worker thread; when a realize
+has at least `PROCESS_MIN_KERNELS` kernels to compile and the compiler can be rebuilt in another process
+(`Compiler.worker_factory`), in worker processes, one per core (`COMPILE_PROCESSES` sets the number; 0: none), which
+llvmlite needs to use more than one core. The binaries are the same everywhere: each depends on its source alone.
 
 `PROGRESS`: 1 shows the line, 0 never does, -1 (the default) shows it when stderr is a terminal. The line appears
 only when a realize (or a JIT capture) compiles more than `PROGRESS_MIN_KERNELS` kernels, and is erased when the
@@ -13,14 +18,16 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TextIO
 
 from lazygrad_codegen import ProgramSpec
 from lazygrad_codegen.program_cache import cached_program
+from lazygrad_uop.compile_workers import WorkerLostError, WorkerPool
 from lazygrad_uop.config import ContextVar
-from lazygrad_uop.device import CompiledDevice
+from lazygrad_uop.device import CompiledDevice, Compiler
 from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 
@@ -28,6 +35,10 @@ PROGRESS = ContextVar("PROGRESS", -1)
 """The compile progress line: 1 on, 0 off, -1 on when stderr is a terminal."""
 PROGRESS_MIN_KERNELS = 4
 """Fewer kernels than this compile without a progress line: they take well under a second."""
+COMPILE_PROCESSES = ContextVar("COMPILE_PROCESSES", -1)
+"""Worker processes that compile kernels: -1 (the default) one per core this process may run on, 0 none."""
+PROCESS_MIN_KERNELS = 16
+"""A realize with fewer kernels to compile than this keeps them in this process: starting workers costs more."""
 
 
 class ProgressLine:
@@ -91,17 +102,70 @@ def _compile_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def _process_count() -> int:
+    if COMPILE_PROCESSES.value >= 0:
+        return COMPILE_PROCESSES.value
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+_workers: tuple[int, int, WorkerPool, ThreadPoolExecutor] | None = None
+
+
+def _worker_pool() -> tuple[WorkerPool, ThreadPoolExecutor] | None:
+    """The worker processes and the threads that wait on them (one each), made on first use; None when there are
+    to be none. A forked child makes its own."""
+    global _workers
+    n = _process_count()
+    if n < 1:
+        return None
+    with _pool_lock:
+        if _workers is None or _workers[:2] != (os.getpid(), n):
+            if _workers is not None and _workers[0] == os.getpid():
+                _workers[2].close()
+            threads = ThreadPoolExecutor(max_workers=n, thread_name_prefix="lazygrad-compile-wait")
+            _workers = (os.getpid(), n, WorkerPool(n), threads)
+        return _workers[2], _workers[3]
+
+
+def _compile_in_worker(pool: WorkerPool, compiler: Compiler, src: str) -> bytes:
+    """`compiler.compile_cached(src)` with the compile in a worker process; in this one if a worker failed (with a
+    warning the first time)."""
+    factory = compiler.worker_factory()
+    assert factory is not None
+
+    def compile(source: str) -> bytes:
+        if pool.lost:
+            return compiler.compile(source)
+        try:
+            return pool.compile(*factory, source)
+        except WorkerLostError as exc:
+            warnings.warn(f"{exc}; compiling in this process instead", RuntimeWarning, stacklevel=2)
+            return compiler.compile(source)
+
+    return compiler.compile_cached(src, compile)
+
+
 def compile_kernels(jobs: Sequence[tuple[str, UOp]], parallel: bool = True) -> list[tuple[ProgramSpec, bytes]]:
     """The program and binary of each (device, kernel AST) in `jobs`, in order. Code is generated in order on this
-    thread; with `parallel`, sources go to a worker thread for compilers that allow it. The binaries are the same
-    either way (each depends on its source alone)."""
+    thread; with `parallel`, sources compile meanwhile on a worker thread or in worker processes (see the module
+    docstring) for compilers that allow it. The binaries are the same either way (each depends on its source
+    alone)."""
     progress = progress_for(len(jobs))
     pending: list[tuple[ProgramSpec, Future[bytes] | bytes]] = []
+    workers = _worker_pool() if parallel and len(jobs) >= PROCESS_MIN_KERNELS else None
     try:
         for device, ast in jobs:
             dev: CompiledDevice = Device[device]
             spec = cached_program(ast, dev.renderer)
-            if parallel and dev.compiler.threadsafe:
+            if workers is not None and dev.compiler.worker_factory() is not None:
+                fut = workers[1].submit(_compile_in_worker, workers[0], dev.compiler, spec.src)
+                if progress is not None:
+                    fut.add_done_callback(lambda _: progress.advance())
+                pending.append((spec, fut))
+            elif parallel and dev.compiler.threadsafe:
                 fut = _compile_pool().submit(dev.compiler.compile_cached, spec.src)
                 if progress is not None:
                     fut.add_done_callback(lambda _: progress.advance())

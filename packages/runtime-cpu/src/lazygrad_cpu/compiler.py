@@ -72,6 +72,11 @@ class LLVMCompiler(LLVMIRCompiler):
         # vectorised loops are most of a CPU kernel's speed; below O2, plain code that is quick to compile
         self.vectorize = opt >= 2
 
+    def worker_factory(self) -> tuple[type[LLVMCompiler], tuple[int]]:
+        """This class and its optimisation level: llvmlite runs one call into LLVM at a time per process, so kernels
+        compile on several cores only in worker processes."""
+        return type(self), (self.opt,)
+
     def parse_context(self) -> llvm.ContextRef:
         """This thread's LLVM context: compiles run on several threads, and a context must not be shared by them."""
         return _thread_context()

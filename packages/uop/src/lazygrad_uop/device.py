@@ -305,14 +305,22 @@ class Compiler(abc.ABC):
     def compile(self, src: str) -> bytes:
         """Compile `src` to a binary. Raise `CompileError` with the compiler's message when it fails."""
 
-    def compile_cached(self, src: str) -> bytes:
-        """`compile(src)`, through the on-disk cache unless `DISABLE_COMPILER_CACHE` is set."""
+    def worker_factory(self) -> tuple[Callable[..., Compiler], tuple] | None:
+        """A picklable (callable, args) that builds an equal compiler in another process, so that kernels can
+        compile in worker processes (`lazygrad_uop.compile_workers`) on every core; None (the default) compiles in
+        this process only. Worth it for compilers that can't run on several threads of one process at once."""
+        return None
+
+    def compile_cached(self, src: str, compile: Callable[[str], bytes] | None = None) -> bytes:
+        """`compile(src)` (by default this compiler's), through the on-disk cache unless `DISABLE_COMPILER_CACHE`
+        is set."""
+        compile = compile or self.compile
         if self.cachekey is None or DISABLE_COMPILER_CACHE.value:
-            return self.compile(src)
+            return compile(src)
         key = (self.cachekey, src)
         if (lib := diskcache_get("compiler", key)) is not None:
             return lib
-        lib = self.compile(src)
+        lib = compile(src)
         diskcache_put("compiler", key, lib)
         return lib
 
