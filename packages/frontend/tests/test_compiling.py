@@ -113,6 +113,13 @@ def test_worker_process_errors_and_a_lost_worker(monkeypatch: pytest.MonkeyPatch
         assert pool.compile(*compiler.worker_factory(), src) == compiler.compile(src)  # a new worker starts
     finally:
         pool.close()
+    # a worker that can't start is lost too
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    pool = WorkerPool(1)
+    with pytest.raises(WorkerLostError, match="could not start"):
+        pool.compile(*compiler.worker_factory(), src)
+    assert pool.lost and pool._started == 0
+    monkeypatch.undo()
     # the compile pipeline goes on in this process, with a warning once, then without trying workers again
     pool = WorkerPool(1)
     try:

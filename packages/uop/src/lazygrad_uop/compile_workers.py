@@ -52,9 +52,12 @@ class _Worker:
     """One child process and its pipes."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lazygrad_uop.compile_workers"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lazygrad_uop.compile_workers"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+        except OSError as exc:  # no interpreter to start (an embedded or frozen program), or no processes left
+            raise WorkerLostError(f"a compile worker process could not start ({exc})") from exc
 
     def compile(self, factory: Callable[..., Any], args: tuple, src: str) -> bytes:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -103,16 +106,20 @@ class WorkerPool:
             pass
         with self._lock:
             if self._started < self.size:
-                self._started += 1
                 w = _Worker()
+                self._started += 1
                 self._all.append(w)
                 return w
         return self._idle.get()
 
     def compile(self, factory: Callable[..., Any], args: tuple, src: str) -> bytes:
         """`factory(*args).compile(src)`, in a worker process. Raises CompileError as the compiler does, and
-        WorkerLostError when the worker failed (it is not reused)."""
-        w = self._take()
+        WorkerLostError when the worker failed or could not start (a failed one is not reused)."""
+        try:
+            w = self._take()
+        except WorkerLostError:
+            self.lost = True
+            raise
         try:
             lib = w.compile(factory, args, src)
         except WorkerLostError:
