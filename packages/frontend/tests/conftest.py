@@ -1,5 +1,6 @@
 """Shared fixtures: the op suite runs on every device given here, each checked against numpy; `compiles` records the
-kernels compiled while a test runs; `load_example` imports a script of examples/ for the tests of the examples."""
+kernels compiled while a test runs; `load_example` imports a script of examples/ for the tests of the examples;
+`emulated_gpu` makes the PYTHON device a GPU with warps."""
 
 from __future__ import annotations
 
@@ -62,3 +63,19 @@ def load_example() -> object:
         return module
 
     return load
+
+
+@pytest.fixture
+def emulated_gpu(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The PYTHON device rendering for a GPU (`GPUTarget`) with warps of `request.param` threads (0: no warp
+    shuffles, local memory only), restored afterwards. Parametrize it indirectly with the warp sizes."""
+    from lazygrad_python import PythonRenderer
+    from lazygrad_python.device import GPUTarget
+
+    dev = Device["PYTHON"]
+    renderer, compiler = dev.renderer, dev.compiler
+    dev.use_renderer(PythonRenderer(GPUTarget(name=f"EMULATEDGPU{request.param}", warp_size=request.param)))
+    try:
+        yield "PYTHON"
+    finally:
+        dev.use_renderer(renderer, compiler)

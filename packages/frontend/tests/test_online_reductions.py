@@ -6,8 +6,6 @@ fp16/bf16/fp32, on CPU, PYTHON, CL and the PYTHON device emulating a GPU (warp s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -45,21 +43,6 @@ def row_reads(t: Tensor, rows: int, width: int, itemsize: int = 4) -> list[float
         uops = [u for u in spec.uops if _reads_rows(u, rows * width)]
         out.append(global_load_bytes(uops, spec.global_size, spec.local_size) / (rows * width * itemsize))
     return out
-
-
-@pytest.fixture
-def emulated_gpu(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The PYTHON device rendering for a GPU (`GPUTarget`, with warp shuffles or without), restored afterwards."""
-    from lazygrad_python import PythonRenderer
-    from lazygrad_python.device import GPUTarget
-
-    dev = Device["PYTHON"]
-    renderer, compiler = dev.renderer, dev.compiler
-    dev.use_renderer(PythonRenderer(GPUTarget(name=f"ONLINEGPU{request.param}", warp_size=request.param)))
-    try:
-        yield "PYTHON"
-    finally:
-        dev.use_renderer(renderer, compiler)
 
 
 OPS = {

@@ -6,7 +6,7 @@ shuffles, emulated)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -113,21 +113,6 @@ def test_row_kernels_match_torch(device: str, name: str, width: int) -> None:
     if device == "CL" and width not in CL_WIDTHS:
         pytest.skip(f"PoCL compiles each kernel for seconds: CL runs widths {CL_WIDTHS}, the CPU all of them")
     check_against_torch(device, name, 5, width, backward=device != "PYTHON" or width <= 33)
-
-
-@pytest.fixture
-def emulated_gpu(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The PYTHON device rendering for a GPU (`GPUTarget`, with warp shuffles or without), restored afterwards."""
-    from lazygrad_python import PythonRenderer
-    from lazygrad_python.device import GPUTarget
-
-    dev = Device["PYTHON"]
-    renderer, compiler = dev.renderer, dev.compiler
-    dev.use_renderer(PythonRenderer(GPUTarget(name=f"ROWGPU{request.param}", warp_size=request.param)))
-    try:
-        yield "PYTHON"
-    finally:
-        dev.use_renderer(renderer, compiler)
 
 
 @pytest.mark.parametrize("emulated_gpu", [32, 0], ids=["shuffles", "local_memory"], indirect=True)

@@ -28,6 +28,7 @@ import struct
 from typing import ClassVar
 
 from lazygrad_codegen.cstyle import kernel_function_name
+from lazygrad_codegen.vectors import split_offset
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -342,7 +343,7 @@ class LLVMFunction:
         n, t, s = len(values), ltype(vec_of(dtype, len(values))), ltype(dtype)
         if all(v.op is Ops.CONST for v in values):
             return "<" + ", ".join(f"{s} {lconst(v.arg, dtype)}" for v in values) + ">"
-        offsets = [_offset(v) if dtypes.is_int(dtype) else (v, 0) for v in values]
+        offsets = [split_offset(v) if dtypes.is_int(dtype) else (v, 0) for v in values]
         if len({base for base, _ in offsets}) == 1 and offsets[0][0] is not None:
             one = self.op(f"insertelement {t} poison, {s} {self.get(offsets[0][0])}, i32 0")
             splat = self.op(f"shufflevector {t} {one}, {t} poison, <{n} x i32> zeroinitializer")
@@ -556,15 +557,6 @@ def _gathered_lanes(uops: list[UOp]) -> tuple[set[UOp], set[UOp]]:
     skipped = {u for u in uops if u.op is Ops.LOAD and (us := users.get(u)) and all(x in vectors for x in us)}
     skipped |= {u for u in uops if u.op is Ops.INDEX and (us := users.get(u)) and all(x in skipped for x in us)}
     return vectors, skipped
-
-
-def _offset(u: UOp) -> tuple[UOp | None, int]:
-    """`u` as (x, c) with u = x + c for an int constant c (x None: u is a constant)."""
-    if u.op is Ops.CONST:
-        return None, u.arg
-    if u.op is Ops.ADD and u.src[1].op is Ops.CONST:
-        return u.src[0], u.src[1].arg
-    return u, 0
 
 
 def _shuffled_lanes(uops: list[UOp]) -> set[UOp]:
