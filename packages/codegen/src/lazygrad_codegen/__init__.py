@@ -9,33 +9,35 @@ Optimisation: `Kernel` and `OptOps` (kernel.py), hand-coded heuristics (heuristi
 tensor cores applied from their descriptions (tensor_cores.py).
 """
 
-from lazygrad_codegen.cstyle import CRenderer, CStyleLanguage
-from lazygrad_codegen.kernel import AxisType, Kernel, KernelASTError, KernelOptError, Opt, OptOps
-from lazygrad_codegen.linearizer import LinearizeError, linearize
-from lazygrad_codegen.llvmir import LLVMRenderer
-from lazygrad_codegen.lowerer import LoweredKernel, lower
-from lazygrad_codegen.program import Estimates, ProgramSpec, get_program, optimized_kernel, print_uops, program_of
+from __future__ import annotations
+
+from lazygrad_uop.lazy_exports import lazy_exports
 
 __version__ = "0.14.0"
 
-__all__ = [
-    "AxisType",
-    "CRenderer",
-    "CStyleLanguage",
-    "Estimates",
-    "Kernel",
-    "KernelASTError",
-    "KernelOptError",
-    "LLVMRenderer",
-    "LinearizeError",
-    "LoweredKernel",
-    "Opt",
-    "OptOps",
-    "ProgramSpec",
-    "get_program",
-    "linearize",
-    "lower",
-    "optimized_kernel",
-    "print_uops",
-    "program_of",
-]
+# imported on first use: a module that needs one piece (a compile worker loading llvm_compiler alone) doesn't pay
+# for the whole code generator
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "AxisType": "lazygrad_codegen.kernel",
+        "CRenderer": "lazygrad_codegen.cstyle",
+        "CStyleLanguage": "lazygrad_codegen.cstyle",
+        "Estimates": "lazygrad_codegen.program",
+        "Kernel": "lazygrad_codegen.kernel",
+        "KernelASTError": "lazygrad_codegen.kernel",
+        "KernelOptError": "lazygrad_codegen.kernel",
+        "LLVMRenderer": "lazygrad_codegen.llvmir",
+        "LinearizeError": "lazygrad_codegen.linearizer",
+        "LoweredKernel": "lazygrad_codegen.lowerer",
+        "Opt": "lazygrad_codegen.kernel",
+        "OptOps": "lazygrad_codegen.kernel",
+        "ProgramSpec": "lazygrad_codegen.program",
+        "get_program": "lazygrad_codegen.program",
+        "linearize": "lazygrad_codegen.linearizer",
+        "lower": "lazygrad_codegen.lowerer",
+        "optimized_kernel": "lazygrad_codegen.program",
+        "print_uops": "lazygrad_codegen.program",
+        "program_of": "lazygrad_codegen.program",
+    },
+)
