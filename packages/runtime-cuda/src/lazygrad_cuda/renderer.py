@@ -144,6 +144,10 @@ class CUDARenderer(CStyleLanguage):
     # 16-byte aligned, so the float4 loads and stores codegen emits into shared memory are aligned
     smem_prefix = "__shared__ __align__(16) "
     barrier = "__syncthreads();"
+    # a staged tile's main loop is not unrolled: its body is a whole step of the workgroup tile already, and ptxas for
+    # sm_80 unrolls it in two and hoists the next step's loads, spilling registers of large tiles (a convolution's
+    # weight gradient) that fit in one step's worth
+    barrier_loop_pragma = "#pragma unroll 1"
     warp_size = 32
     infinity = "__int_as_float(0x7f800000)"
     nan = "__int_as_float(0x7fffffff)"
