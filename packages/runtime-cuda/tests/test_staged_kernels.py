@@ -18,6 +18,8 @@ from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
+functional = pytest.importorskip("lazygrad.functional")
+
 Tensor = lazygrad.Tensor
 
 
@@ -207,3 +209,23 @@ def test_staged_main_loops_are_not_unrolled(cuda_graphs) -> None:
     for before, body in loops:
         assert (before == "#pragma unroll 1") == any("__syncthreads();" in line for line in body)
     assert "#pragma unroll" not in get_program(total.ast, cuda_graphs).src
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32])
+@pytest.mark.parametrize(
+    ("cin", "cout", "k", "stride", "size"), [(64, 64, 3, 1, 56), (64, 128, 1, 2, 56), (3, 64, 7, 2, 224)]
+)
+def test_split_k_counts_the_tiles_it_gets(monkeypatch, cuda_graphs, dtype, cin, cout, k, stride, size) -> None:
+    from lazygrad_codegen.reductions import gemm_launch
+
+    # the weight gradient left whole: the workgroups and threads of its program are what gemm_launch predicts (its
+    # tile is 64 wide along 64 channels and 1 along each tap: 9 workgroups for the 64 -> 64 3x3 layer in fp16, where
+    # 128x128 tiles of its 64 x 576 outputs would count 5)
+    monkeypatch.setattr(functional, "split_k_parts", lambda *a, **kw: 1)
+    (item,) = _conv(cin, cout, k, stride, size, dtype, 2).schedule()
+    spec = get_program(item.ast, cuda_graphs)
+    out = (size + 2 * (k // 2) - k) // stride + 1
+    taps = tuple(v for v in (cin, k, k) if v > 1)
+    predicted = gemm_launch(cuda_graphs, dtype, (cout,), taps, (64, out, out))
+    assert predicted.workgroups == math.prod(spec.global_size)
+    assert predicted.threads == math.prod(spec.local_size)
