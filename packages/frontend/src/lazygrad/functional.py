@@ -149,8 +149,9 @@ def _conv_weight_gradient(
     renderer = renderer_of(g.device)
     length = bs * math.prod(out)
     parts = 1
-    if renderer is not None:
-        # the tiles the unsplit kernel gets: output channels against input channels and each tap, per group
+    if renderer is not None and all(isinstance(v, int) for v in (bs, *out)):
+        # the tiles the unsplit kernel gets: output channels against input channels and each tap, per group (a
+        # symbolic batch or size is left whole)
         taps = tuple(v for v in (cin_g, *k) if v > 1)
         one = gemm_launch(renderer, g.dtype, (cout_g,), taps, tuple(v for v in (bs, *out) if v > 1))
         parts = split_k_parts(renderer, GemmLaunch(groups * one.workgroups, one.threads), out[0], length)
