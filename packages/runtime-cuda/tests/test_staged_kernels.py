@@ -229,3 +229,16 @@ def test_split_k_counts_the_tiles_it_gets(monkeypatch, cuda_graphs, dtype, cin, 
     predicted = gemm_launch(cuda_graphs, dtype, (cout,), taps, (64, out, out))
     assert predicted.workgroups == math.prod(spec.global_size)
     assert predicted.threads == math.prod(spec.local_size)
+
+
+def test_three_stage_pipeline_compiles_without_spills() -> None:
+    from lazygrad_codegen.kernel_ast import matmul
+
+    # the default fp16 tile's warps and register tile at K step 16, whose three stages' buffers fit 48 KB: the copies
+    # of two steps ahead in flight, each step's wait leaving the latest group in flight
+    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    default = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer).opts
+    opts = [o for o in default if o.op is not OptOps.UNROLL and o.op is not OptOps.STAGE]
+    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*opts, Opt(OptOps.STAGE, None, 3)])
+    assert "cp.async.wait_group 1;" in spec.src and "cp.async.wait_group 0;" not in spec.src
+    assert not _spills(spec)

@@ -300,8 +300,9 @@ class CStyleLanguage(Renderer):
         `valid`, when given, is false); only for a dialect with `has_async_copy`."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
-    def render_async_wait(self) -> str:
-        """The statement that waits for this thread's asynchronous copies."""
+    def render_async_wait(self, in_flight: int = 0) -> str:
+        """The statement that makes this thread's asynchronous copies since the last wait one group and waits for all
+        but the latest `in_flight` groups."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
@@ -434,7 +435,7 @@ class CStyleLanguage(Renderer):
                 valid = r[src[1].src[2]] if len(src[1].src) == 3 else None
                 line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
             elif op is Ops.ASYNC_WAIT:
-                line(self.render_async_wait())
+                line(self.render_async_wait(int(u.arg or 0)))
             elif op is Ops.LDMATRIX:
                 r[u] = fresh("frag")
                 line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))

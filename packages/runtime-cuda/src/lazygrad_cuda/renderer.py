@@ -330,9 +330,10 @@ class CUDARenderer(CStyleLanguage):
             f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"({size}));'
         )
 
-    def render_async_wait(self) -> str:
-        """Commit the copies started since the last wait as one group and wait for every group."""
-        commit, wait = "cp.async.commit_group;", "cp.async.wait_group 0;"
+    def render_async_wait(self, in_flight: int = 0) -> str:
+        """Commit the copies started since the last wait as one group and wait for all but the latest `in_flight`
+        groups."""
+        commit, wait = "cp.async.commit_group;", f"cp.async.wait_group {in_flight};"
         return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
 
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
