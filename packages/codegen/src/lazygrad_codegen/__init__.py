@@ -16,7 +16,7 @@ from lazygrad_codegen.llvmir import LLVMRenderer
 from lazygrad_codegen.lowerer import LoweredKernel, lower
 from lazygrad_codegen.program import Estimates, ProgramSpec, get_program, optimized_kernel, print_uops, program_of
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 __all__ = [
     "AxisType",
