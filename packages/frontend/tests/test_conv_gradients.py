@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import lazygrad.functional
 from lazygrad import Tensor
 from lazygrad_codegen.kernel import AxisType, Kernel
-from lazygrad_codegen.reductions import GEMM_TILE, SPLIT_K_MAX, SPLIT_K_MIN, split_k_parts
+from lazygrad_codegen.reductions import SPLIT_K_MAX, SPLIT_K_MIN, SPLIT_K_WARPS, GemmLaunch, split_k_parts
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
@@ -164,34 +164,37 @@ def test_weight_gradient_on_the_cpu_is_one_kernel() -> None:
 class _SomeGpu:
     """Just what `split_k_parts` reads of a renderer."""
 
+    warp_size = 32
+
     def __init__(self, units: int, local: bool = True) -> None:
         self.compute_units, self.has_local, self.has_shared = units, local, local
 
 
 @given(
     units=st.integers(1, 300),
-    m=st.integers(1, 600),
-    n=st.integers(1, 3000),
+    workgroups=st.integers(1, 600),
+    threads=st.sampled_from([1, 8, 32, 64, 128, 256]),
     axis=st.integers(1, 256),
     rest=st.integers(1, 5000),
-    groups=st.integers(1, 4),
 )
-def test_split_k_parts_fill_the_device_within_bounds(units, m, n, axis, rest, groups) -> None:
+def test_split_k_parts_fill_the_device_within_bounds(units, workgroups, threads, axis, rest) -> None:
     length = axis * rest
-    parts = split_k_parts(_SomeGpu(units), m, n, axis, length, groups)
+    parts = split_k_parts(_SomeGpu(units), GemmLaunch(workgroups, threads), axis, length)
     assert axis % parts == 0 and 1 <= parts <= SPLIT_K_MAX
-    tiles = groups * math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
     fits = [p for p in range(2, min(axis, SPLIT_K_MAX) + 1) if axis % p == 0 and length // p >= SPLIT_K_MIN]
-    if tiles >= units or units < 2:
+    warps = workgroups * math.ceil(threads / 32)
+
+    def enough(p: int) -> bool:
+        # a workgroup per compute unit, SPLIT_K_WARPS warps per unit
+        return workgroups * p >= units and warps * p >= SPLIT_K_WARPS * units
+
+    if units < 2 or enough(1) or not fits:
         assert parts == 1
-    elif fits:
-        # the fewest parts that give every unit a tile, or as many as fit
-        enough = [p for p in fits if tiles * p >= units]
-        assert parts == (enough[0] if enough else max(fits))
     else:
-        assert parts == 1
-    assert split_k_parts(_SomeGpu(units, local=False), m, n, axis, length, groups) == 1
+        # the fewest parts that are enough, or as many as fit
+        assert parts == next((p for p in fits if enough(p)), max(fits))
+    assert split_k_parts(_SomeGpu(units, local=False), GemmLaunch(workgroups, threads), axis, length) == 1
 
 
 def test_cpu_weight_gradient_is_not_split() -> None:
-    assert split_k_parts(Device["CPU"].renderer, 64, 576, 64, 64 * 56 * 56) == 1
+    assert split_k_parts(Device["CPU"].renderer, GemmLaunch(1, 1), 64, 64 * 56 * 56) == 1

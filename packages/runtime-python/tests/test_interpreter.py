@@ -262,6 +262,37 @@ def test_asynchronous_copies_land_at_the_wait_with_zeros_where_invalid() -> None
     np.testing.assert_array_equal(got[n : 3 * n], landed)
 
 
+def test_a_wait_lands_all_but_the_latest_groups_it_leaves_in_flight() -> None:
+    # each thread copies A (one float) then B into local memory, a wait after each leaving one group in flight, then
+    # a wait for all: after the first wait neither has landed, after the second A has and B not, after the third both
+    n = 4
+    x = np.arange(2 * n, dtype=np.float32) + 1
+    out, inp = glob(0, dtypes.float32, 5 * n), glob(1, dtypes.float32, 2 * n)
+    lid = UOp.special(n, "lidx0")
+    lmem = UOp(Ops.DEFINE_LOCAL, dtypes.float32.ptr(2 * n, local=True), arg="stage")
+
+    def copy(part: int, *deps: UOp) -> UOp:
+        src = UOp(Ops.INDEX, inp.dtype, (inp, lid + part * n, UOp.const(dtypes.bool, True)))
+        return UOp(Ops.ASYNC_COPY, dtypes.void, (index(lmem, lid + part * n), src, *deps), arg=1)
+
+    def read(part: int, dep: UOp, slot: int) -> UOp:
+        return store(out, lid + slot * n, UOp(Ops.LOAD, dtypes.float32, (index(lmem, lid + part * n), dep)))
+
+    copy_a = copy(0)
+    wait1 = UOp(Ops.ASYNC_WAIT, dtypes.void, (copy_a,), arg=1)
+    a1 = read(0, wait1, 0)
+    copy_b = copy(1, a1)
+    wait2 = UOp(Ops.ASYNC_WAIT, dtypes.void, (copy_b,), arg=1)
+    a2, b2 = read(0, wait2, 1), read(1, wait2, 2)
+    wait3 = UOp(Ops.ASYNC_WAIT, dtypes.void, (a2, b2))
+    a3, b3 = read(0, wait3, 3), read(1, wait3, 4)
+    uops = program(out, inp, lmem, lid, copy_a, wait1, a1, copy_b, wait2, a2, b2, wait3, a3, b3)
+    got = run(uops, np.full(5 * n, -1, np.float32), x, local_size=(n, 1, 1))[0].reshape(5, n)
+    zeros = np.zeros(n, np.float32)
+    for row, want in enumerate([zeros, x[:n], zeros, x[:n], x[n:]]):
+        np.testing.assert_array_equal(got[row], want)
+
+
 @pytest.mark.parametrize(("matrices", "trans"), [(4, False), (4, True), (2, True), (1, False)])
 def test_ldmatrix_hands_each_lane_the_ptx_fragment_of_rows_at_addresses_the_threads_give(matrices, trans) -> None:
     # local memory holds 64 rows of 8 halves at a padded stride of 16 (512 halves); thread t gives the address of

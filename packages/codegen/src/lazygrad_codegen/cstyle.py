@@ -120,6 +120,8 @@ class CStyleLanguage(Renderer):
     local_pointer_prefix: ClassVar[str] = ""
     # the statement that waits for every thread of a workgroup, e.g. "__syncthreads();" ("" where there is none)
     barrier: ClassVar[str] = ""
+    # the line before a loop whose body holds a barrier (a staged tile's main loop), e.g. "#pragma unroll 1" ("": none)
+    barrier_loop_pragma: ClassVar[str] = ""
     # C-like renderers inline an expression used once into its user, unless it is longer than this (some ops repeat
     # an operand, so nesting them would grow the text exponentially)
     max_inline_length: ClassVar[int] = 200
@@ -298,8 +300,9 @@ class CStyleLanguage(Renderer):
         `valid`, when given, is false); only for a dialect with `has_async_copy`."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
-    def render_async_wait(self) -> str:
-        """The statement that waits for this thread's asynchronous copies."""
+    def render_async_wait(self, in_flight: int = 0) -> str:
+        """The statement that makes this thread's asynchronous copies since the last wait one group and waits for all
+        but the latest `in_flight` groups."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
@@ -338,12 +341,18 @@ class CStyleLanguage(Renderer):
         users: dict[UOp, list[UOp]] = {u: [] for u in uops}
         depth_at: dict[UOp, int] = {}
         depth = 0
+        blocks: list[UOp] = []
+        barrier_loops: set[UOp] = set()
         for u in uops:
             if u.op in GroupOp.BlockEnd:
                 depth -= 1
+                blocks.pop()
             depth_at[u] = depth
             if u.op in GroupOp.Block:
                 depth += 1
+                blocks.append(u)
+            if u.op is Ops.BARRIER:
+                barrier_loops.update(b for b in blocks if b.op is Ops.RANGE)
             for s in u.src:
                 if s in users:
                     users[s].append(u)
@@ -408,6 +417,8 @@ class CStyleLanguage(Renderer):
                 line(f"int {name} = {self.render_workitem(name[0], int(name[-1]), workgroup)}; /* {size} */")
             elif op is Ops.RANGE:
                 r[u] = f"ridx{u.arg}"
+                if u in barrier_loops and self.barrier_loop_pragma:
+                    line(self.barrier_loop_pragma)
                 line(f"for ({self.render_dtype(u.dtype)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 indent += 1
             elif op is Ops.IF:
@@ -424,7 +435,7 @@ class CStyleLanguage(Renderer):
                 valid = r[src[1].src[2]] if len(src[1].src) == 3 else None
                 line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
             elif op is Ops.ASYNC_WAIT:
-                line(self.render_async_wait())
+                line(self.render_async_wait(int(u.arg or 0)))
             elif op is Ops.LDMATRIX:
                 r[u] = fresh("frag")
                 line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))

@@ -12,12 +12,16 @@ fewer outputs than the device has compute units is cut too, so that every unit g
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
 from lazygrad_uop.device import Renderer
+from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.views import ShapeTracker
+from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import ShapeTracker, View
 
 # the elements one accumulator lane adds in sequence at most: a float32 sum of 64 equal values is off by ~1e-6
 SEQUENTIAL = 64
@@ -152,8 +156,6 @@ def group_rows(k: Kernel, few: int) -> bool:
 
 # *** split-K for matmul-like reductions to few outputs (a convolution's weight gradient) ***
 
-GEMM_TILE = 128
-"""The side of the default workgroup tile of a matmul-like kernel on a GPU (`lazygrad_codegen.tiling`)."""
 SPLIT_K_MIN = 1024
 """Each part of a split matmul-like reduction sums at least this many products per output: enough steps of the
 staged tile's pipeline to pay for the workgroup's start and for storing its partial tile."""
@@ -161,17 +163,80 @@ SPLIT_K_MAX = 64
 """At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
 
 
-def split_k_parts(renderer: Renderer, m: int, n: int, axis: int, length: int, groups: int = 1) -> int:
+def _gemm_ast(dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int, ...]) -> UOp:
+    """The kernel `C[m, n] = sum_k A[m, k] * B[k, n]` over the axes `m`, `n` and `k` (sizes), products and sums in
+    float32 for 16-bit `dtype`. Each operand's axes lie with gaps between them (strides twice the contiguous ones,
+    the last reduce axis contiguous), so that no two axes merge: a convolution's window axes stay apart from its
+    channels, as in the kernel the scheduler makes of it."""
+    acc = dtypes.float32 if dtype.itemsize < 4 else dtype
+    full = (*m, *n, *k)
+
+    def operand(slot: int, axes: list[int]) -> UOp:
+        strides, size = [0] * len(full), 1
+        for a in reversed(axes):
+            strides[a] = size
+            size *= 2 * full[a]
+        view = ShapeTracker((View.create(full, tuple(strides)),))
+        x = UOp(Ops.LOAD, dtype, (UOp(Ops.DEFINE_GLOBAL, dtype.ptr(size), arg=slot), UOp(Ops.VIEW, arg=view)))
+        return x.cast(acc) if dtype != acc else x
+
+    reduce_axes = list(range(len(m) + len(n), len(full)))
+    a = operand(1, [*range(len(m)), *reduce_axes])
+    b = operand(2, [*range(len(m), len(m) + len(n)), *reduce_axes])
+    out = ShapeTracker.from_shape((*m, *n, *(1,) * len(k)))
+    value = UOp(Ops.REDUCE_AXIS, acc, (a * b,), (Ops.ADD, tuple(reduce_axes)))
+    buffer = UOp(Ops.DEFINE_GLOBAL, acc.ptr(out.real_size()), arg=0)
+    return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (buffer, UOp(Ops.VIEW, arg=out), value)),))
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    """How the default opts launch a matmul-like kernel: `workgroups` of `threads` threads each."""
+
+    workgroups: int
+    threads: int
+
+
+def gemm_launch(
+    renderer: Renderer, dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int, ...]
+) -> GemmLaunch:
+    """The launch the default opts give a matmul-like kernel of `dtype` operands with output axes `m` (read by A
+    only) and `n` (B only) and reduce axes `k` (both), each axis kept apart: the tile actually chosen
+    (`lazygrad_codegen.tiling`: 128x128 where the axes allow, 64 wide along a 64-channel axis, none along a 3-tap
+    window axis), counted over every axis. One workgroup of one thread on a device without local memory."""
+    if not (renderer.has_local and renderer.has_shared):
+        return GemmLaunch(1, 1)
+    return _gemm_launch(renderer, dtype, m, n, k)
+
+
+@functools.lru_cache(maxsize=256)
+def _gemm_launch(
+    renderer: Renderer, dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int, ...]
+) -> GemmLaunch:
+    # cached: a model's backward asks once per convolution layer, most of them alike (Renderers hash by identity).
+    # The default opts, never a BEAM search: this kernel only stands for the real one's shape
+    from lazygrad_codegen.heuristic import hand_coded_optimizations
+
+    kernel = hand_coded_optimizations(Kernel(_gemm_ast(dtype, m, n, k), renderer))
+    return GemmLaunch(math.prod(int(s) for s in kernel.sizes(AxisType.GLOBAL)), kernel.workgroup_threads())
+
+
+SPLIT_K_WARPS = 4
+"""A split reduction gives each compute unit at least this many warps, all workgroups together (a tensor-core tile of
+4 warps; a workgroup narrower than a warp still takes a whole one)."""
+
+
+def split_k_parts(renderer: Renderer, launch: GemmLaunch, axis: int, length: int) -> int:
     """Into how many parts (a divisor of `axis`, the size of the reduced axis to cut) to cut a matmul-like reduction
-    of `length` products to each of the `groups * m * n` outputs, so that a GPU with local memory gets at least one
-    workgroup of `GEMM_TILE`-square tiles per compute unit; 1 to leave it whole (CPUs, enough tiles already, a
-    reduction too short to share). The parts are summed by a second kernel."""
+    of `length` products per output whose unsplit kernel has `launch` (`gemm_launch`), so that a GPU with local
+    memory gets at least one workgroup per compute unit and `SPLIT_K_WARPS` warps per unit in all; 1 to leave it
+    whole (CPUs, enough work already, a reduction too short to share). The parts are summed by a second kernel."""
     units = renderer.compute_units
     if not (renderer.has_local and renderer.has_shared) or units < 2 or axis < 2:
         return 1
-    tiles = groups * -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
-    if tiles >= units:
+    warps = launch.workgroups * -(-launch.threads // (warp_size(renderer) or 32))
+    want = max(-(-units // max(launch.workgroups, 1)), -(-units * SPLIT_K_WARPS // max(warps, 1)))
+    if want < 2:
         return 1
-    want = -(-units // tiles)
     fits = [p for p in range(2, min(axis, SPLIT_K_MAX) + 1) if axis % p == 0 and length // p >= SPLIT_K_MIN]
     return next((p for p in fits if p >= want), fits[-1] if fits else 1)

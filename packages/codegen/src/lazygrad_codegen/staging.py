@@ -113,11 +113,13 @@ def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
     return 1
 
 
-def plan(k: Kernel) -> list[StagedOperand]:
-    """How each operand of a staged kernel is staged (see the module docstring)."""
+def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
+    """How each operand of a staged kernel with `stages` pipeline stages (default: the kernel's) is staged (see the
+    module docstring)."""
     from lazygrad_codegen.selection import axes_read
 
-    slots = 2 if k.axes(AxisType.REDUCE) else 1
+    # a slot per stage, at least two (one being read while the next is written)
+    slots = max(2, k.stages if stages is None else stages) if k.axes(AxisType.REDUCE) else 1
     out = []
     for load in staged_loads(k):
         read = axes_read(load, k)
@@ -165,10 +167,12 @@ def plan(k: Kernel) -> list[StagedOperand]:
 def apply_stage(k: Kernel, stages: int | None = None) -> None:
     """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError.
     `stages` (the opt's arg): 1 for copies and a barrier in each step, 2 or None to pipeline asynchronous copies
-    where the renderer has them."""
+    where the renderer has them, 3 to start the copies of each step two steps ahead (asynchronous copies only)."""
     r = k.renderer
-    if stages not in (None, 1, 2):
-        raise KernelOptError(f"STAGE takes 1 or 2 pipeline stages (or None for 2), got {stages!r}")
+    if stages not in (None, 1, 2, 3):
+        raise KernelOptError(f"STAGE takes 1, 2 or 3 pipeline stages (or None for 2), got {stages!r}")
+    if stages == 3 and not r.has_async_copy:
+        raise KernelOptError(f"3 pipeline stages need asynchronous copies, which {type(r).__name__} lacks")
     if not (r.has_local and r.has_shared and k.use_locals):
         raise KernelOptError(f"STAGE needs local dimensions and shared memory, which {type(r).__name__} lacks")
     if k.staged:
@@ -181,7 +185,7 @@ def apply_stage(k: Kernel, stages: int | None = None) -> None:
         raise KernelOptError("nothing to stage: no reduce loop is left (the reduction is fully unrolled)")
     if any(not isinstance(k.full_shape[a], int) for a in range(k.rank) if k.axis_types[a] in TILE_TYPES):
         raise KernelOptError("STAGE needs int sizes on the axes inside a workgroup")
-    operands = plan(k)
+    operands = plan(k, 2 if stages is None else stages)
     if not operands:
         raise KernelOptError("STAGE found no operand that changes along the reduction")
     need = sum(o.bytes for o in operands)
@@ -241,11 +245,11 @@ class Stager:
         if o.slots == 1:
             return UOp.const(dtypes.int32, 0)
         step = self.lw._flat(self.k.axes(AxisType.REDUCE)) if step is None else step
-        return (step % 2) * o.slot
+        return (step % o.slots) * o.slot
 
     def _asynchronous(self, n_threads: int) -> bool:
-        """Whether the copies can be `ASYNC_COPY`s: two stages (STAGE's default), a renderer that has them, a reduce
-        loop of int sizes, and every
+        """Whether the copies can be `ASYNC_COPY`s: two or three stages (STAGE's default is two), a renderer that has
+        them, a reduce loop of int sizes, and every
         operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
         memory (not an FMA kernel's transposed tile)."""
         k = self.k
@@ -254,7 +258,7 @@ class Stager:
         if not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
             return False
         return all(
-            o.slots == 2 and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
+            o.slots == k.stages and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
             for o in self.operands.values()
         )
 
@@ -320,10 +324,11 @@ class Stager:
         reduction step may run.
 
         Synchronous: each step loads its tiles, stores them in its slot, one BARRIER. Asynchronous (cp.async), a
-        pipeline of two stages: before the loop, the copies of step 0 start; each step waits for its own copies
-        (started one step earlier), a BARRIER (every thread's copies have landed, and every thread has finished
-        reading the other slot in the step before), the copies of step + 1 start into the other slot, a second
-        BARRIER (it orders the reads after the copies were started, so that they overlap the math), then the reads."""
+        pipeline of S = 2 or 3 stages: before the loop, the copies of steps 0 .. S-2 start, each step's a group of its
+        own; each step waits for its own group (started S-1 steps earlier; the S-2 groups after it stay in flight), a
+        BARRIER (every thread's copies have landed, and every thread has finished reading, in the step before, the
+        slot that step + S-1 reuses), the copies of step + S-1 start into that slot, a second BARRIER (it orders the
+        reads after the copies were started, so that they overlap the math), then the reads."""
         k, lw = self.k, self.lw
         for n, (load, o) in enumerate(self.operands.items()):
             self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
@@ -331,18 +336,27 @@ class Stager:
         here = {a: lw.idx[a] for a in reduce_axes}
         if not self._asynchronous(self._thread()[1]):
             return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
-        zero = UOp.const(dtypes.int32, 0)
-        first = self._copies(dict.fromkeys(reduce_axes, zero), zero, True)
-        wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (*first, *lw.reduce_ranges))
-        landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
-        # the indices of the next step: one more in the row-major order of the reduce loops
         sizes = [int(k.full_shape[a]) for a in reduce_axes]
-        step = lw._flat(reduce_axes)
-        nxt, place, after = step + 1, 1, {}
-        for a, size in zip(reversed(reduce_axes), reversed(sizes), strict=True):
-            after[a] = (nxt // place) % size
-            place *= size
-        started = self._copies(after, nxt, True, (nxt < math.prod(sizes), landed))
+        steps, ahead = math.prod(sizes), k.stages - 1
+
+        def indices(step: UOp | int) -> dict[int, UOp]:
+            # the reduce indices of `step` in the row-major order of the reduce loops
+            place, out = 1, {}
+            for a, size in zip(reversed(reduce_axes), reversed(sizes), strict=True):
+                i = (step // place) % size
+                out[a] = UOp.const(dtypes.int32, i) if isinstance(i, int) else i
+                place *= size
+            return out
+
+        # before the loop: steps 0 .. ahead-1, each closed as a group by a wait that lets it stay in flight
+        started: list[UOp] = []
+        for j in range(ahead):
+            gate = (UOp.const(dtypes.bool, j < steps), UOp(Ops.ASYNC_WAIT, dtypes.void, tuple(started), arg=ahead - 1))
+            started = self._copies(indices(j), UOp.const(dtypes.int32, j), True, gate if j else ())
+        wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (*started, *lw.reduce_ranges), arg=ahead - 1 or None)
+        landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
+        nxt = lw._flat(reduce_axes) + ahead
+        started = self._copies(indices(nxt), nxt, True, (nxt < steps, landed))
         return UOp(Ops.BARRIER, dtypes.void, tuple(started))
 
     def staged(self, load: UOp) -> bool:

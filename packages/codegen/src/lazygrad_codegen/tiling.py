@@ -157,7 +157,7 @@ TC_VARIANTS = {
     "K": (1, 2),
 }
 """The staged tensor-core tiles BEAM tries around the default: register tile (UPCAST M, N), warps (LOCAL M x N), and
-K step (UNROLL), each combination with one and with two pipeline stages."""
+K step (UNROLL), each combination with one, two and (where its buffers fit the shared memory) three pipeline stages."""
 FMA_VARIANTS = {
     "M": (4, 8),
     "N": (4, 8),
@@ -185,8 +185,9 @@ def _apply_exact(k: Kernel, which: str, amount: int) -> bool:
 def staged_tiles(k: Kernel) -> list[Kernel]:
     """Staged tiles of the matmul-like kernel `k` (no opts applied yet) for BEAM to time: every combination of
     `TC_VARIANTS` (tensor cores) or `FMA_VARIANTS` that fits the kernel exactly, staged with two pipeline stages
-    and, for tensor cores on a renderer with asynchronous copies to pipeline, with one. Each kernel returned has
-    passed every opt's checks (threads, registers, shared memory), so it compiles; none repeats another's opts.
+    and, for tensor cores on a renderer with asynchronous copies to pipeline, with one and with three. Each kernel
+    returned has passed every opt's checks (threads, registers, shared memory), so it compiles; none repeats
+    another's opts.
     Empty when `k` is not matmul-like, has opts, or its renderer lacks local and shared memory."""
     r = k.renderer
     if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
@@ -205,8 +206,8 @@ def staged_tiles(k: Kernel) -> list[Kernel]:
     if base.tensor_core is None and len(staged_loads(base)) != 2:
         return []
     out: dict[tuple[Opt, ...], Kernel] = {}
-    # one and two stages differ only where the copies can be asynchronous: tensor-core tiles on such a renderer
-    stages = (2, 1) if r.has_async_copy and base.tensor_core is not None else (2,)
+    # the stages differ only where the copies can be asynchronous: tensor-core tiles on such a renderer
+    stages = (2, 3, 1) if r.has_async_copy and base.tensor_core is not None else (2,)
     for m in variants["M"]:
         for n in variants["N"]:
             for lm, ln in variants["warps"]:
@@ -218,7 +219,7 @@ def staged_tiles(k: Kernel) -> list[Kernel]:
                     for n_stages in stages:
                         staged = tile.copy()
                         try:
-                            staged.apply_opt(Opt(OptOps.STAGE, None, None if n_stages == 2 else 1))
+                            staged.apply_opt(Opt(OptOps.STAGE, None, None if n_stages == 2 else n_stages))
                         except KernelOptError:
                             continue
                         out.setdefault(tuple(staged.applied_opts), staged)

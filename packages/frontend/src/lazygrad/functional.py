@@ -18,7 +18,7 @@ import numpy as np
 from lazygrad.errors import InputError, KindError
 from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
-from lazygrad_codegen.reductions import split_k_parts
+from lazygrad_codegen.reductions import GemmLaunch, gemm_launch, split_k_parts
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -148,7 +148,13 @@ def _conv_weight_gradient(
     out = xp.shape[2 : 2 + nd]
     renderer = renderer_of(g.device)
     length = bs * math.prod(out)
-    parts = 1 if renderer is None else split_k_parts(renderer, cout_g, cin_g * math.prod(k), out[0], length, groups)
+    parts = 1
+    if renderer is not None and all(isinstance(v, int) for v in (bs, *out)):
+        # the tiles the unsplit kernel gets: output channels against input channels and each tap, per group (a
+        # symbolic batch or size is left whole)
+        taps = tuple(v for v in (cin_g, *k) if v > 1)
+        one = gemm_launch(renderer, g.dtype, (cout_g,), taps, tuple(v for v in (bs, *out) if v > 1))
+        parts = split_k_parts(renderer, GemmLaunch(groups * one.workgroups, one.threads), out[0], length)
     # (parts, N, groups, C_out/groups, C_in/groups, rows of a part, *out[1:], *k), the product summed over N and pixels
     xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
     gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)

@@ -154,6 +154,33 @@ def nvrtc_compile(src: str, nvrtc_arch: str, name: str = "kernel", options: Sequ
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+@dataclass(frozen=True)
+class PtxasUsage:
+    """What ptxas reports for one kernel: the registers a thread uses, and the bytes it spills to local memory
+    (stores and loads; nonzero when the register file could not hold the kernel's live values)."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> int:
+        """Bytes spilled, stores and loads together: 0 for a kernel that fits its registers."""
+        return self.spill_stores + self.spill_loads
+
+
+def ptxas_usage(src: str, arch: str, name: str = "kernel") -> PtxasUsage:
+    """Compile `src` for the real architecture `arch` ("sm_80") with `--ptxas-options=-v` and read the register and
+    spill report of its kernel from NVRTC's log. CompileError when it does not compile; NVRTCError when the log has
+    no report (an NVRTC that does not pass the option to ptxas)."""
+    log = nvrtc_compile(src, arch, name, options=("--ptxas-options=-v",)).log
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if registers is None or spills is None:
+        raise NVRTCError(f"no ptxas register report for {name} on {arch} in NVRTC's log:\n{log}")
+    return PtxasUsage(int(registers.group(1)), int(spills.group(1)), int(spills.group(2)))
+
+
 class NVRTCCompiler(Compiler):
     """CUDA C to a binary for one GPU architecture: a cubin, or NUL-terminated PTX text where NVRTC does not know
     the architecture (see `compile_target`). The cache key names NVRTC's version and the target."""

@@ -144,6 +144,10 @@ class CUDARenderer(CStyleLanguage):
     # 16-byte aligned, so the float4 loads and stores codegen emits into shared memory are aligned
     smem_prefix = "__shared__ __align__(16) "
     barrier = "__syncthreads();"
+    # a staged tile's main loop is not unrolled: its body is a whole step of the workgroup tile already, and ptxas for
+    # sm_80 unrolls it in two and hoists the next step's loads, spilling registers of large tiles (a convolution's
+    # weight gradient) that fit in one step's worth
+    barrier_loop_pragma = "#pragma unroll 1"
     warp_size = 32
     infinity = "__int_as_float(0x7f800000)"
     nan = "__int_as_float(0x7fffffff)"
@@ -326,9 +330,10 @@ class CUDARenderer(CStyleLanguage):
             f'"r"((unsigned)__cvta_generic_to_shared({dst})), "l"({src}), "r"({size}));'
         )
 
-    def render_async_wait(self) -> str:
-        """Commit the copies started since the last wait as one group and wait for every group."""
-        commit, wait = "cp.async.commit_group;", "cp.async.wait_group 0;"
+    def render_async_wait(self, in_flight: int = 0) -> str:
+        """Commit the copies started since the last wait as one group and wait for all but the latest `in_flight`
+        groups."""
+        commit, wait = "cp.async.commit_group;", f"cp.async.wait_group {in_flight};"
         return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
 
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:

@@ -58,12 +58,14 @@ class _Warp:
     """The state of one warp: registers (one per instruction), program counter, and the active-thread mask (None
     when every thread is active; a list of bools otherwise, never all true)."""
 
-    __slots__ = ("mask", "pc", "pending", "regs")
+    __slots__ = ("groups", "mask", "pc", "pending", "regs")
 
     def __init__(self, regs: list[Any]) -> None:
         self.regs, self.pc, self.mask = regs, 0, None
-        # ASYNC_COPYs started and not yet landed: (local memory, global memory, [(dst, src or None) per thread], n)
+        # ASYNC_COPYs started since the last ASYNC_WAIT: (local memory, global memory, [(dst, src or None) per
+        # thread], n); then the groups an ASYNC_WAIT made of them and let stay in flight, oldest first
         self.pending: list[tuple[Any, Any, list[tuple[int, int | None]], int]] = []
+        self.groups: list[list[tuple[Any, Any, list[tuple[int, int | None]], int]]] = []
 
 
 def _oob(offset: int) -> Any:
@@ -436,13 +438,19 @@ class Interpreter:
         return async_copy
 
     def _async_wait(self, i: int, x: Instr) -> Step:
+        # the copies since the last wait become one group; the oldest groups land until `in_flight` are left, which
+        # land at a later wait (the latest the hardware may land them: reading them earlier sees old contents)
+        in_flight = int(x.arg or 0)
+
         def async_wait(regs: list[Any], w: _Warp) -> None:
-            for dst, src, pairs, n in w.pending:
-                for d, o in pairs:
-                    for k in range(n):
-                        # a copy whose global INDEX is not valid writes zeros
-                        dst[d + k] = src[o + k] if o is not None else 0
-            w.pending.clear()
+            w.groups.append(w.pending)
+            w.pending = []
+            while len(w.groups) > in_flight:
+                for dst, src, pairs, n in w.groups.pop(0):
+                    for d, o in pairs:
+                        for k in range(n):
+                            # a copy whose global INDEX is not valid writes zeros
+                            dst[d + k] = src[o + k] if o is not None else 0
 
         return async_wait
 

@@ -171,8 +171,10 @@ OP_DOCS: dict[Ops, str] = {
     " starts copying that many consecutive elements, zeros where the global INDEX's valid is false; the copy lands"
     " no later than the thread's next ASYNC_WAIT, and nothing may read or write its destination before then"
     " (CUDA cp.async, renderers with has_async_copy)",
-    Ops.ASYNC_WAIT: "src: ordering deps (the copies it must follow in program order, a RANGE to run in a loop): waits"
-    " until every ASYNC_COPY this thread started has landed; a BARRIER after it makes them visible to the workgroup",
+    Ops.ASYNC_WAIT: "src: ordering deps (the copies it must follow in program order, a RANGE to run in a loop);"
+    " arg=groups left in flight (None or 0: none): makes the ASYNC_COPYs this thread started since its last ASYNC_WAIT"
+    " one group and waits until all but the latest `arg` groups have landed; a BARRIER after it makes them visible to"
+    " the workgroup",
     Ops.LDMATRIX: "src=(INDEX into a DEFINE_LOCAL of 16-bit elements[, ordering deps]); arg=(matrices, trans): a"
     " warp loads that many (1, 2 or 4) 8x8 matrices, thread t giving the address of row t % 8 of matrix t // 8 (8"
     " consecutive elements, 16-byte aligned); lane l gets 2 elements per matrix i, at lanes 2i and 2i+1: row l // 4,"
