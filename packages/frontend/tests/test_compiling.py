@@ -82,7 +82,7 @@ def test_worker_processes_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -
         one_by_one = comp.compile_kernels(jobs, parallel=False)
         in_workers = comp.compile_kernels(jobs, parallel=True)
         pool = comp._worker_pool()
-    assert pool is not None and 1 <= pool[0]._started <= 2  # the workers did compile them
+    assert pool is not None and 1 <= len(pool[0]._all) <= 2  # the workers did compile them
     assert [s.src for s, _ in one_by_one] == [s.src for s, _ in in_workers]
     assert [lib for _, lib in one_by_one] == [lib for _, lib in in_workers]
     with Context(COMPILE_PROCESSES=0):
@@ -109,7 +109,7 @@ def test_worker_process_errors_and_a_lost_worker(monkeypatch: pytest.MonkeyPatch
         worker.proc.wait()
         with pytest.raises(WorkerLostError):
             pool.compile(*compiler.worker_factory(), src)
-        assert pool._started == 0 and pool.lost
+        assert len(pool._all) == 0 and pool.lost
         assert pool.compile(*compiler.worker_factory(), src) == compiler.compile(src)  # a new worker starts
     finally:
         pool.close()
@@ -118,7 +118,7 @@ def test_worker_process_errors_and_a_lost_worker(monkeypatch: pytest.MonkeyPatch
     pool = WorkerPool(1)
     with pytest.raises(WorkerLostError, match="could not start"):
         pool.compile(*compiler.worker_factory(), src)
-    assert pool.lost and pool._started == 0
+    assert pool.lost and len(pool._all) == 0
     monkeypatch.undo()
     # the compile pipeline goes on in this process, with a warning once, then without trying workers again
     pool = WorkerPool(1)
@@ -131,7 +131,7 @@ def test_worker_process_errors_and_a_lost_worker(monkeypatch: pytest.MonkeyPatch
             with pytest.warns(RuntimeWarning, match="compiling in this process"):
                 assert comp._compile_in_worker(pool, compiler, src) == compiler.compile(src)
             assert comp._compile_in_worker(pool, compiler, src) == compiler.compile(src)
-        assert pool._started == 0
+        assert len(pool._all) == 0
     finally:
         pool.close()
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from lazygrad.errors import InputError, KindError, RangeError, UnknownModeError
-from lazygrad_uop.dtype import dtypes, least_upper_dtype
+from lazygrad_uop.dtype import least_upper_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -187,11 +187,7 @@ class MovementMixin:
             # each position is covered by exactly one piece: later pieces select their own range over what came
             # before (adding zero-padded pieces instead would turn -0.0 into +0.0; a padded-away region may hold
             # anything, since a later piece always covers it)
-            if out is None:
-                out = piece
-            else:
-                inside = type(t).full(t.shape, True, dtype=dtypes.bool, device=t.device)._padded(pairs)
-                out = inside.where(piece, out)
+            out = piece if out is None else t._padding_mask(pairs).where(piece, out)
         assert out is not None
         return out
 

@@ -804,12 +804,16 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
         if value == 0 and math.copysign(1.0, value) > 0 and not _nonzero_at_zero(self.uop):
             return out
         # the padding of a fused kernel evaluates the padded expression with its inputs read as 0: right for most
-        # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly
-        inside = Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._padded(pairs)
-        return inside.where(out, self._const_like(value))  # the fill takes the tensor's dtype, as in torch
+        # ops, but exp(0), 1/0, log(0) aren't 0, so such values (and other fill values) are selected explicitly; the
+        # fill takes the tensor's dtype, as in torch
+        return self._padding_mask(pairs).where(out, self._const_like(value))
 
     def _padded(self, pairs: tuple[tuple[Any, Any], ...]) -> Tensor:
         return self._mop(Ops.PAD, pairs)._canonical()
+
+    def _padding_mask(self, pairs: tuple[tuple[Any, Any], ...]) -> Tensor:
+        """The shape of `self._padded(pairs)`: True where it holds this tensor's elements, False in the padding."""
+        return Tensor.full(self.shape, True, dtype=dtypes.bool, device=self.device)._padded(pairs)
 
     def _canonical(self) -> Tensor:
         """This tensor with each symbolic size in the symbolic engine's form ((n + 2) + 1 as n + 3, (a + n) - a as

@@ -90,9 +90,8 @@ class WorkerPool:
     def __init__(self, size: int) -> None:
         self.size = size
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
-        self._started = 0
         self._lock = threading.Lock()
-        self._all: list[_Worker] = []
+        self._all: list[_Worker] = []  # the running workers, busy or idle
         self._pid = os.getpid()
         # whether a worker has been lost: callers may stop sending work here (a worker that can't start would
         # otherwise fail again for every kernel)
@@ -105,9 +104,8 @@ class WorkerPool:
         except queue.Empty:
             pass
         with self._lock:
-            if self._started < self.size:
+            if len(self._all) < self.size:
                 w = _Worker()
-                self._started += 1
                 self._all.append(w)
                 return w
         return self._idle.get()
@@ -126,7 +124,6 @@ class WorkerPool:
             w.close()
             self.lost = True
             with self._lock:
-                self._started -= 1
                 self._all.remove(w)
             raise
         except BaseException:
@@ -140,7 +137,7 @@ class WorkerPool:
         if os.getpid() != self._pid:
             return
         with self._lock:
-            workers, self._all, self._started = self._all, [], 0
+            workers, self._all = self._all, []
         for w in workers:
             w.close()
 
