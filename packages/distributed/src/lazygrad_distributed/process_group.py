@@ -74,11 +74,17 @@ def output_tensor(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, np.ndar
     out = Tensor.empty(*shape, dtype=like.dtype, device=like.device)
     buf = whole_buffer(out)
     assert buf is not None, "Tensor.empty is a whole buffer"
-    buf.allocate()
-    if (view := _host_memory(buf, shape)) is not None:
-        return out, view, lambda: None
-    host = np.empty(shape, dtype=to_numpy_dtype(like.dtype))
-    return out, host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
+    return (out, *_filled_by_host(buf.allocate(), out))
+
+
+def _filled_by_host(buf: Buffer, t: Tensor) -> tuple[np.ndarray, Callable[[], None]]:
+    """A writable array of `t`'s shape and dtype that fills `buf`, `t`'s allocated buffer, and the function to call
+    once it is filled: the buffer's memory itself where that is host memory (nothing to do), else a host array
+    copied in."""
+    if (view := _host_memory(buf, t.shape)) is not None:
+        return view, lambda: None
+    host = np.empty(t.shape, dtype=to_numpy_dtype(t.dtype))
+    return host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
 
 
 def out_buffer(out: Tensor, like: Tensor) -> Buffer:
@@ -107,11 +113,7 @@ def output_into(out: Tensor, like: Tensor) -> tuple[np.ndarray, Callable[[], Non
 
     The write lands in `out`'s memory at once, as torch.distributed's in-place all_reduce writes: lazy tensors
     computed from `out` and not yet realized see the new values, so realize those that need the old ones first."""
-    buf = out_buffer(out, like)
-    if (view := _host_memory(buf, out.shape)) is not None:
-        return view, lambda: None
-    host = np.empty(out.shape, dtype=to_numpy_dtype(out.dtype))
-    return host, lambda: buf.copyin(memoryview(host.reshape(-1)).cast("B")) if buf.nbytes else None
+    return _filled_by_host(out_buffer(out, like), out)
 
 
 class ProcessGroup(abc.ABC):
