@@ -44,7 +44,7 @@ from lazygrad_codegen.online_reductions import find_online, lower_online, pair_f
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, grouped_loads, grouped_stores, memory_widths, vec, vectorize
+from lazygrad_codegen.vectors import concat, gep, grouped_loads, grouped_stores, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -662,10 +662,7 @@ class _Lowerer:
             out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
         # lanes that `lane_indexed` gave as one base plus offsets are stored by vector stores right away (in the
         # order `group_memory` would give them; scalar stores that merge with none stay in lane order, as there)
-        if len(out) > 1 and memory_widths(self.k.renderer)[0]:
-            grouped = grouped_stores(out, self.k.renderer)
-            out = out if len(grouped) == len(out) else grouped
-        return out
+        return grouped_stores(out, self.k.renderer) if len(out) > 1 else out
 
 
 def lane_offsets(

@@ -316,7 +316,9 @@ def _grouped(owner: UOp, renderer: Renderer) -> UOp:
 def grouped_stores(stores: Sequence[UOp], renderer: Renderer) -> list[UOp]:
     """`stores` with the scalar stores to neighbouring elements of one buffer, base index, validity and gate merged
     into vector stores in the widths the renderer allows: the runs first, then what isn't a scalar store (or repeats
-    an element another one stores)."""
+    an element another one stores); `stores` as they are, in their order, where none merge."""
+    if not memory_widths(renderer)[0]:
+        return list(stores)
     groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
     rest: list[UOp] = []
     for s in stores:
@@ -329,6 +331,7 @@ def grouped_stores(stores: Sequence[UOp], renderer: Renderer) -> list[UOp]:
                 continue
         rest.append(s)
     new_src: list[UOp] = []
+    merged = False
     for (buf, base, _, gate), by_offset in groups.items():
         widths, aligned = memory_widths(renderer, next(iter(by_offset.values())).src[1].dtype.itemsize)
         for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
@@ -338,5 +341,8 @@ def grouped_stores(stores: Sequence[UOp], renderer: Renderer) -> list[UOp]:
                 continue
             value = vectorize([by_offset[off].src[1] for off in run])
             new_src.append(UOp(Ops.STORE, dtypes.void, (_index_with(first.src[0], base, run[0]), value, *gate)))
+            merged = True
+    if not merged:
+        return list(stores)
     new_src.extend(rest)
     return new_src
