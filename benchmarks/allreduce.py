@@ -1,12 +1,20 @@
 """All-reduce bandwidth and data-parallel throughput, each against a reference measured in the same run.
 
 1. In one process, between CPU:0..N-1: the ring and the direct all-reduce (captured with TinyJit, so a call is the
-   replay of its kernels) against a numpy copy of the same bytes, timed alternately; "(chosen)" marks the one
-   `all_reduce` picks by itself at that size. Bandwidth = bytes per device / time. The CPU devices read each
-   other's memory in place, so the direct all-reduce whose results are all returned is one kernel reading each
-   input once and writing each output once: n times a copy's memory traffic (the ring, whose chunks are written
-   and read once more, (3n + 1) / 2 times); the last column is the ratio times that: the speed per byte moved,
-   against the copy's.
+   replay of its kernels) against a numpy copy of the same bytes (memcpy), timed alternately; "(chosen)" marks the
+   one `all_reduce` picks by itself at that size. With S the bytes each device holds and t the time of one call,
+   as nccl-tests report them:
+   - algbw = S / t, the algorithm bandwidth: how fast a device's buffer is reduced;
+   - busbw = algbw * 2(n-1)/n, the bus bandwidth: the bytes that cross the links per device in a ring (or any
+     optimal) all-reduce, the figure that compares with the hardware's bandwidth whatever n is;
+   - memcpy = S / (time of numpy copying S bytes on one thread); the ratios are algbw / memcpy and busbw / memcpy.
+   The CPU devices read each other's memory in place, so the direct all-reduce whose results are all returned is
+   one kernel reading each input once and writing each output once: n times a copy's memory traffic (the ring,
+   whose chunks are written and read once more, (3n + 1) / 2 times); the "per byte moved" column is the algbw
+   ratio times that: the speed per byte of memory traffic, against the copy's. The kernel runs on CPU_THREADS
+   threads (all cores by default), the copy on one.
+   The last rows time the replay of a 4 kB all-reduce, which is all dispatch (the kernel takes about a
+   microsecond): the cost a call adds at every size.
 2. Across MPI ranks (`mpirun -n 2`, started by this script): lazygrad-distributed's all_reduce on tensors (making a
    new output tensor per call, and writing into a reused one with `out=`) against mpi4py's own numpy Allreduce of
    the same arrays into a reused array, alternating, median of each.
@@ -64,9 +72,9 @@ def _jitted_all_reduce(ring: bool) -> Callable[[Tensor], Tensor]:
     return reduce
 
 
-def in_process(runs: int) -> list[tuple[str, float, float, float]]:
-    """(case, GB/s of the all-reduce, GB/s of numpy copying the same bytes, copies' worth of memory traffic) per
-    device count, algorithm and size."""
+def in_process(runs: int) -> list[tuple[str, int, int, float, float, float]]:
+    """(case, devices, bytes per device, seconds of the all-reduce, seconds of numpy copying the same bytes, copies'
+    worth of memory traffic) per device count, algorithm and size."""
     rows = []
     rng = np.random.default_rng(0)
     for n in (2, 4):
@@ -90,7 +98,20 @@ def in_process(runs: int) -> list[tuple[str, float, float, float]]:
             for (algo, ring), s in zip(algos, seconds):
                 mark = " (chosen)" if ring == chosen else ""
                 moved = (3 * n + 1) / 2 if ring else n
-                rows.append((f"{n} devices, {algo}{mark}, {mb} MB", m * 4 / s / 1e9, m * 4 / copy_s / 1e9, moved))
+                rows.append((f"{n} devices, {algo}{mark}, {mb} MB", n, m * 4, s, copy_s, moved))
+    return rows
+
+
+def dispatch(runs: int) -> list[tuple[str, float]]:
+    """(case, median seconds) of the replay of a jitted 4 kB all-reduce (the one `all_reduce` chooses) on 2 and 4
+    CPU devices: the kernel is about a microsecond, the rest is the cost of a call."""
+    rows = []
+    for n in (2, 4):
+        x = Tensor.from_shards([Tensor.ones(1024, device=f"CPU:{i}") for i in range(n)], 0).realize()
+        reduce = _jitted_all_reduce(ring_chosen(list(x.uop.src)))
+        np.testing.assert_array_equal(reduce(x).numpy(), np.full(1024, n, np.float32))
+        (s,) = alternating_medians([lambda x=x, reduce=reduce: reduce(x)], runs * 200)
+        rows.append((f"{n} devices, 4 kB, replay", s))
     return rows
 
 
@@ -169,9 +190,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="training steps of the throughput rows")
     parser.add_argument("--per-rank-batch", type=int, default=64)
     args = parser.parse_args()
-    print(f"{'in-process all-reduce':34s} {'GB/s':>8s} {'numpy copy GB/s':>16s} {'ratio':>7s} {'per byte moved':>15s}")
-    for case, ours, ref, moved in in_process(args.runs):
-        print(f"{case:34s} {ours:8.2f} {ref:16.2f} {ours / ref:7.2f} {ours / ref * moved:15.2f}")
+    head = f"{'in-process all-reduce':34s} {'us':>8s} {'algbw GB/s':>10s} {'busbw GB/s':>10s} {'memcpy GB/s':>11s}"
+    print(f"{head} {'algbw/memcpy':>12s} {'busbw/memcpy':>12s} {'per byte moved':>14s}")
+    for case, n, nbytes, s, copy_s, moved in in_process(args.runs):
+        algbw, copy = nbytes / s / 1e9, nbytes / copy_s / 1e9
+        busbw = algbw * 2 * (n - 1) / n
+        print(
+            f"{case:34s} {s * 1e6:8.0f} {algbw:10.2f} {busbw:10.2f} {copy:11.2f} {algbw / copy:12.2f} "
+            f"{busbw / copy:12.2f} {algbw / copy * moved:14.2f}"
+        )
+    print(f"\n{'dispatch':34s} {'us':>8s}")
+    for case, s in dispatch(args.runs):
+        print(f"{case:34s} {s * 1e6:8.1f}")
     if args.skip_mpi:
         return
     if (mpirun := _mpirun()) is None:
