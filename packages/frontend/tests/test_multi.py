@@ -310,6 +310,22 @@ def test_jit_replays_a_multi_device_step() -> None:
         assert {g.graph.device.device for g in graphs} == set(DEVS)
 
 
+@pytest.mark.parametrize("axis", [0, None])
+def test_jit_returns_new_multi_device_tensors_each_call(axis: int | None) -> None:
+    # a result on several devices is one buffer per device: each replay must return new tensors over this call's
+    # buffers, and the earlier results (and arrays read from them) keep their values
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return (x * 2 + 1).realize()
+
+    inputs = [ints(8, 3) for _ in range(4)]
+    outs = [step(Tensor(xs).shard(DEVS, axis)) for xs in inputs]
+    for xs, out in zip(inputs, outs):
+        assert out.uop.op is Ops.MULTI and out.uop.arg == axis
+        np.testing.assert_array_equal(out.numpy(), xs * 2 + 1)
+    assert len({id(o) for o in outs}) == len(outs)
+
+
 @pytest.mark.parametrize("devices", [DEVS, ("PYTHON", "PYTHON:1")])
 def test_jit_captures_the_all_reduce(devices: tuple[str, ...]) -> None:
     @TinyJit

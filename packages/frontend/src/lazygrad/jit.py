@@ -267,9 +267,12 @@ class _Result:
 
 
 def _rebuilt(template: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """`template` with its stand-ins replaced; a plain VIEW of one (the usual result) without a graph walk."""
+    """`template` with its stand-ins replaced; a plain VIEW of one (the usual result), or a tensor on several devices
+    made of such views, without a graph walk."""
     if template.op is Ops.VIEW and template.src[0] in mapping:
         return template.replace(src=(mapping[template.src[0]],))
+    if template.op is Ops.MULTI and all(p.op is Ops.VIEW and p.src[0] in mapping for p in template.src):
+        return template.replace(src=tuple(p.replace(src=(mapping[p.src[0]],)) for p in template.src))
     return template.substitute(mapping)
 
 
@@ -303,8 +306,8 @@ class CapturedJit:
                 slots.setdefault(b, []).append((i, j))
         self.outputs: list[_Result] = []
         stand_ins: dict[UOp, UOp] = {}
-        for t in outs:
-            base = view_base(t.uop)
+        # a tensor on several devices returns one buffer per device
+        for base in (view_base(p) for t in outs for p in device_uops(t.uop)):
             if base.op is not Ops.BUFFER or base in stand_ins:
                 continue
             buf = buffer_of(base)
