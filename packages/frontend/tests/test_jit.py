@@ -79,6 +79,22 @@ def test_replays_reuse_the_result_buffer_once_it_is_dropped() -> None:
     np.testing.assert_array_equal(kept.numpy(), np.full(4, 2, np.float32))
 
 
+@pytest.mark.parametrize(
+    "keep",
+    [lambda out: out + 1, lambda out: out.reshape(2, 2).T, lambda out: out[1:], lambda out: Tensor(out.uop)],
+    ids=["lazy op", "view", "shrink", "its node"],
+)
+def test_anything_over_a_dropped_result_keeps_it(keep: Callable[[Tensor], Tensor]) -> None:
+    # a replay reuses the last call's result (buffer and graph nodes) only while nothing can read it: a lazy tensor
+    # over it, or its node alone, keeps it from being overwritten
+    f = TinyJit(lambda x: (x * 2).contiguous())
+    for i in range(3):
+        f(Tensor(np.full(4, i, np.float32)))
+    kept = [(i, keep(f(Tensor(np.arange(4, dtype=np.float32) + i)))) for i in range(3, 8)]
+    for i, k in kept:
+        np.testing.assert_array_equal(k.numpy(), keep(Tensor((np.arange(4, dtype=np.float32) + i) * 2)).numpy())
+
+
 def test_python_number_argument_that_changes_is_refused() -> None:
     @TinyJit
     def f(x: Tensor, scale: float, *, mode: str = "a") -> Tensor:

@@ -326,6 +326,24 @@ def test_jit_returns_new_multi_device_tensors_each_call(axis: int | None) -> Non
     assert len({id(o) for o in outs}) == len(outs)
 
 
+def test_jit_keeps_a_multi_device_result_anything_still_reads() -> None:
+    # a replay reuses the last call's result buffers only where nothing reads them: one device's part held alone,
+    # or a lazy op over the whole, keeps those parts from being overwritten
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return x.sum(0).realize()  # an all-reduce: replicated on every device
+
+    for _ in range(3):
+        step(Tensor(ints(4, 6)).shard(DEVS, 0))
+    inputs = [ints(4, 6) for _ in range(4)]
+    held = []
+    for k, xs in enumerate(inputs):
+        out = step(Tensor(xs).shard(DEVS, 0))
+        held.append(Tensor(out.uop.src[-1]) if k % 2 else out * 3)
+    for k, (xs, h) in enumerate(zip(inputs, held)):
+        np.testing.assert_array_equal(h.numpy(), xs.sum(0) * (1 if k % 2 else 3))
+
+
 @pytest.mark.parametrize("devices", [DEVS, ("PYTHON", "PYTHON:1")])
 def test_jit_captures_the_all_reduce(devices: tuple[str, ...]) -> None:
     @TinyJit

@@ -148,15 +148,17 @@ def _plain_arguments(names: list[str], args: tuple, kwargs: dict) -> dict[str, A
     return out
 
 
-# an input's view of its buffer (variables unbound) and the (variable, value) pairs it binds, per tensor node: a
-# replay with the same inputs skips rebuilding them. Weak keys: an entry goes with the node (its value never holds it)
-_input_views: weakref.WeakKeyDictionary[UOp, tuple[ShapeTracker, tuple[tuple[UOp, int], ...]]] = (
+# an input's spec (its view of its buffer, variables unbound) and the (variable, value) pairs it binds, per tensor
+# node: a replay with the same inputs skips rebuilding them, and compares the specs by identity. Weak keys: an entry
+# goes with the node (its value never holds it)
+_input_views: weakref.WeakKeyDictionary[UOp, tuple[InputSpec, tuple[tuple[UOp, int], ...]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _input_view(u: UOp, base: UOp) -> tuple[ShapeTracker, tuple[tuple[UOp, int], ...]]:
-    """The view of tensor node `u` on its buffer node `base`, with variables unbound, and the values it binds."""
+def _input_view(u: UOp, base: UOp) -> tuple[InputSpec, tuple[tuple[UOp, int], ...]]:
+    """The spec of tensor node `u`, a view of its buffer node `base` (with variables unbound), and the values it
+    binds."""
     if (hit := _input_views.get(u)) is not None:
         return hit
     chain, v = [], u
@@ -167,32 +169,33 @@ def _input_view(u: UOp, base: UOp) -> tuple[ShapeTracker, tuple[tuple[UOp, int],
     binds = st.binds()
     if binds:
         st = st.substitute({b: b.src[0] for b in binds})
-    out = _input_views[u] = (st, tuple((b.src[0], b.src[1].arg) for b in binds))
+    spec = InputSpec(st, u.dtype, device_of(u))  # type: ignore[arg-type]
+    out = _input_views[u] = (spec, tuple((b.src[0], b.src[1].arg) for b in binds))
     return out
 
 
 def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
     """Realize the tensor inputs; their buffers, specs and the variable values they (and bound args) carry."""
-    values = [*args, *(kwargs[k] for k in sorted(kwargs))]
+    values = [*args, *(kwargs[k] for k in sorted(kwargs))] if kwargs else args
     given = [v for v in values if isinstance(v, Tensor)]
     var_vals = {v.src[0]: v.src[1].arg for v in values if isinstance(v, UOp) and v.op is Ops.BIND}
     unrealized = [t for t in given if any(view_base(u).op is not Ops.BUFFER for u in device_uops(t.uop))]
     if unrealized:
         Tensor.realize(*unrealized)
-    # a tensor on several devices is one input per device
-    uops = [p for t in given for p in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
     bufs, specs = [], []
-    for u in uops:
+    # a tensor on several devices is one input per device
+    for u in (p for t in given for p in device_uops(t.uop)):
         base = view_base(u)
         if base.op is not Ops.BUFFER:
             raise JitError(f"input {Tensor(u)!r} could not be realized into a buffer of its own; pass t.contiguous()")
-        st, binds = _input_view(u, base)
-        var_vals.update(binds)
+        spec, binds = _input_view(u, base)
+        if binds:
+            var_vals.update(binds)
         buf = buffer_of(base)
         if not buf.is_allocated:
             buf.allocate()
         bufs.append(buf)
-        specs.append(InputSpec(st, u.dtype, device_of(u)))
+        specs.append(spec)
     return bufs, specs, var_vals
 
 
@@ -253,17 +256,21 @@ class _GraphStep:
 
 class _Result:
     """A buffer a replay writes and returns (its tensors read it): where it sits in the captured items, the stand-in
-    for it in the returned tensors' graphs, and a weak reference to the BUFFER node of the last call's result."""
+    for it in the returned tensors' graphs, and the BUFFER node of the last call's result: the capture's weakly (its
+    caller owns that graph), a replay's held (the capture reuses it while nothing else can reach it, see
+    `CapturedJit._reachable_results`)."""
 
     def __init__(self, buf: Buffer, slots: list[tuple[int, int]], placeholder: UOp, node: UOp) -> None:
         self.buf, self.slots, self.placeholder = buf, slots, placeholder
-        self.node: weakref.ref[UOp] = weakref.ref(node)
+        self.captured: weakref.ref[UOp] = weakref.ref(node)
+        self.node: UOp | None = None
+        self.fresh = False  # whether this call's replay writes a buffer other than the last call's
 
-    def in_use(self) -> bool:
-        """Whether the last call's result can still be read: its BUFFER node lives (a tensor or graph holds it), or
-        the Buffer has references beyond the capture's own (a numpy array of it holds one). The capture's own: one
-        per slot in the items, `self.buf`, the capture's `written` set, and getrefcount's argument."""
-        return self.node() is not None or sys.getrefcount(self.buf) > len(self.slots) + 3
+    def buffer_read(self) -> bool:
+        """Whether the Buffer has references beyond the capture's own (a numpy array of it holds one). The capture's
+        own: one per slot in the items, `self.buf`, the capture's `written` set, getrefcount's argument, and the
+        node table's entry for a held node attached to it."""
+        return sys.getrefcount(self.buf) > len(self.slots) + 3 + (self.node is not None)
 
 
 def _rebuilt(template: UOp, mapping: dict[UOp, UOp]) -> UOp:
@@ -292,6 +299,11 @@ class CapturedJit:
         self.steps: list[_GraphStep | int] = self._build_steps()
         self.last: tuple[list[Buffer], dict[UOp, int]] | None = None
         self.checks: list[index_checks.IndexCheck] = []
+        # the graphs of the last replay's returned tensors (None for one returned as it is), held (see `returned`);
+        # the nodes of them that reach a result, with the number of references the capture holds to each
+        self._roots: list[UOp | None] | None = None
+        self._ours: tuple[UOp, ...] = ()
+        self._own_refs: tuple[int, ...] = ()
         self._track_results(ret, set(input_bufs))
 
     def _track_results(self, ret: Any, inputs: set[Buffer]) -> None:
@@ -321,12 +333,42 @@ class CapturedJit:
         self.differentiable = {k for k, t in enumerate(outs) if realized_graphs.mapping.get(t.uop) is not None}
         self.ret = _with_tensors(ret, iter([_Slot() for _ in outs]))
 
+    def _reachable_results(self) -> set[int]:
+        """The results (indices into `outputs`) of the last call that something other than the capture can still
+        read through a graph node. After the capture: its result node is alive. After a replay, whose result graphs
+        the capture holds: some node of them has more references than the capture's own (a tensor, another graph,
+        a cache holds it) and reaches the result's BUFFER node. Extra references only ever make a result count as
+        read (a new buffer for the next call), never the reverse."""
+        if self._roots is None:
+            return {k for k, r in enumerate(self.outputs) if r.captured() is not None}
+        # getrefcount sees its argument besides the capture's own references (indexing holds no other)
+        ours, refs = self._ours, self._own_refs
+        held = [ours[i] for i in range(len(ours)) if sys.getrefcount(ours[i]) - 1 > refs[i]]
+        if not held:
+            return set()
+        index = {r.node: k for k, r in enumerate(self.outputs)}
+        ours = set(ours)
+        reached: set[int] = set()
+        seen: set[UOp] = set()
+        while held:
+            n = held.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in index:
+                reached.add(index[n])
+            held.extend(s for s in n.src if s in ours)
+        return reached
+
     def _fresh_results(self) -> set[int]:
         """Before a replay: a new buffer for each result the last call's outputs still need; the items that changed."""
         changed: set[int] = set()
-        for r in self.outputs:
-            if not r.in_use():
+        reachable = self._reachable_results()
+        for k, r in enumerate(self.outputs):
+            r.fresh = k in reachable or r.buffer_read()
+            if not r.fresh:
                 continue
+            r.node = None  # the last call's node stays with whoever reads it
             new = Buffer(r.buf.device, r.buf.size, r.buf.dtype, r.buf.options).allocate()
             for i, j in r.slots:
                 self.items[i].bufs[j] = new
@@ -337,19 +379,53 @@ class CapturedJit:
         return changed
 
     def returned(self) -> Any:
-        """After a replay: the function's return value, with new tensors over this call's result buffers."""
-        mapping: dict[UOp, UOp] = {}
-        for r in self.outputs:
-            node = new_buffer(r.buf.device, r.buf.size, r.buf.dtype)
-            attach_buffer(node, r.buf)
-            r.node = weakref.ref(node)
-            mapping[r.placeholder] = node
-        tensors = [t if isinstance(t, Tensor) else Tensor(_rebuilt(t, mapping)) for t in self.templates]
+        """After a replay: the function's return value, new tensors over this call's result buffers. Where nothing
+        can read the last call's results any more, their graph nodes are those of this call's too (new nodes cost
+        more than the replay of a small kernel)."""
+        if self._roots is None or any(r.fresh for r in self.outputs):
+            mapping: dict[UOp, UOp] = {}
+            for r in self.outputs:
+                if r.node is None:
+                    r.node = new_buffer(r.buf.device, r.buf.size, r.buf.dtype)
+                    attach_buffer(r.node, r.buf)
+                mapping[r.placeholder] = r.node
+            self._roots = [None if isinstance(t, Tensor) else _rebuilt(t, mapping) for t in self.templates]
+            self._count_own_refs()
+        tensors = [t if isinstance(t, Tensor) else Tensor(u) for t, u in zip(self.templates, self._roots, strict=True)]
         if self.differentiable:
             # the graph a result was computed from is the capture's: a backward through it must refuse, as through
             # any value a replay wrote, rather than treat the result as a constant
             realized_graphs.commit({tensors[k].uop: None for k in self.differentiable}, set())
         return _with_tensors(self.ret, iter(tensors))
+
+    def _count_own_refs(self) -> None:
+        """Note the nodes of the held result graphs that reach a result's BUFFER node, and how many references to
+        each the capture itself holds: one from each of those nodes' sources that is it, one per root that is it,
+        one from the result holding it, one from `_ours`."""
+        assert self._roots is not None
+        results = {r.node for r in self.outputs}
+        reaches: dict[UOp, bool] = {}
+        stack: list[tuple[UOp, bool]] = [(u, False) for u in self._roots if u is not None]
+        while stack:  # sources first, iteratively
+            n, ready = stack.pop()
+            if n in reaches:
+                continue
+            if ready:
+                reaches[n] = n in results or any(reaches[s] for s in n.src)
+            else:
+                stack.append((n, True))
+                stack.extend((s, False) for s in n.src if s not in reaches)
+        own = {n: 1 for n, r in reaches.items() if r}
+        for n in list(own):
+            for s in n.src:
+                if s in own:
+                    own[s] += 1
+        for u in self._roots:
+            if u in own:
+                own[u] += 1
+        for r in self.outputs:
+            own[r.node] += 1  # type: ignore[index]
+        self._ours, self._own_refs = tuple(own), tuple(own.values())
 
     def _build_steps(self) -> list[_GraphStep | int]:
         steps: list[_GraphStep | int] = []
@@ -466,7 +542,7 @@ class TinyJit(Generic[R]):
         if len(specs) != len(self.specs):
             raise JitError(f"this jitted function was captured with {len(self.specs)} tensor inputs, got {len(specs)}")
         for k, (old, new) in enumerate(zip(self.specs, specs, strict=True)):
-            if old != new:
+            if old is not new and old != new:  # the same input node gives the same (cached) spec
                 raise JitError(
                     f"tensor input {k} of the jitted function {getattr(self.fxn, '__name__', '')!r} changed: captured "
                     f"with {old.describe()}, called with {new.describe()}"

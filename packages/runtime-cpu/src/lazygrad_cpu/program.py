@@ -88,7 +88,7 @@ class CPUProgram(Program):
         """Run the kernel on the buffers `bufs` with variable values `vals` over `global_size[0]` values of core0;
         with `wait`, return the run time of the whole launch. The kernel has finished when this returns."""
         size = int(global_size[0])
-        if tuple(global_size[1:]) != (1, 1) or tuple(local_size) != (1, 1, 1) or size < 0:
+        if global_size[1] != 1 or global_size[2] != 1 or tuple(local_size) != (1, 1, 1) or size < 0:
             raise ValueError(
                 f"a CPU kernel is split over cores along one axis: expected global_size=(n, 1, 1) with n >= 0 and "
                 f"local_size=(1, 1, 1), got global_size={global_size}, local_size={local_size}"
@@ -103,11 +103,17 @@ class CPUProgram(Program):
             self._fxn = ctypes.CFUNCTYPE(None, *argtypes)(self._address)
         if size == 0:
             return 0.0 if wait else None  # an empty core axis: no output element to compute
-        fxn, args = self._fxn, [b.addr for b in bufs] + [int(v) for v in vals]
-        parts = self.parts_for(size)
-        start = time.perf_counter()
-        own = POOL.run(lambda lo, hi: fxn(*args, lo, hi), parts, self.threads_for(size))
-        elapsed = time.perf_counter() - start
-        if own is not None:
-            self.item_seconds = own[0] / own[1]
-        return elapsed if wait else None
+        fxn, args = self._fxn, [b.addr for b in bufs]
+        args.extend(int(v) for v in vals)
+        threads = self.threads_for(size)
+        start = time.perf_counter() if wait else 0.0
+        if threads == 1:
+            # the calling thread alone, without the pool's bookkeeping: a small kernel's launch is mostly overhead
+            cpu = time.thread_time()
+            fxn(*args, 0, size)
+            self.item_seconds = (time.thread_time() - cpu) / size
+        else:
+            own = POOL.run(lambda lo, hi: fxn(*args, lo, hi), self.parts_for(size), threads)
+            if own is not None:
+                self.item_seconds = own[0] / own[1]
+        return time.perf_counter() - start if wait else None
