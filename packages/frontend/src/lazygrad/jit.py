@@ -406,11 +406,11 @@ class CapturedJit:
         results = {r.node for r in self.outputs}
         reaches: dict[UOp, bool] = {}
         stack: list[tuple[UOp, bool]] = [(u, False) for u in self._roots if u is not None]
-        while stack:  # sources first, iteratively
+        while stack:  # sources first, iteratively; nothing under a result's node reaches a result
             n, ready = stack.pop()
             if n in reaches:
                 continue
-            if ready:
+            if n in results or ready:
                 reaches[n] = n in results or any(reaches[s] for s in n.src)
             else:
                 stack.append((n, True))
