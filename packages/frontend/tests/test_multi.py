@@ -4,6 +4,7 @@ device, gradients included; re-sharding, the all-reduces, the JIT, and training 
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -342,6 +343,22 @@ def test_jit_keeps_a_multi_device_result_anything_still_reads() -> None:
         held.append(Tensor(out.uop.src[-1]) if k % 2 else out * 3)
     for k, (xs, h) in enumerate(zip(inputs, held)):
         np.testing.assert_array_equal(h.numpy(), xs.sum(0) * (1 if k % 2 else 3))
+
+
+def test_jit_reuses_dropped_multi_device_results() -> None:
+    # results nothing reads any more are written again in place: no buffer is allocated per call
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return x.sum(0).realize()
+
+    x = Tensor(ints(4, 6)).shard(DEVS, 0).realize()
+    for _ in range(3):
+        step(x)
+    assert step.captured is not None and len(step.captured.outputs) == len(DEVS)
+    first = [weakref.ref(r.buf) for r in step.captured.outputs]  # weak: a reference would count as a reader
+    for _ in range(3):
+        np.testing.assert_array_equal(step(x).numpy(), x.numpy().sum(0))
+    assert [r.buf for r in step.captured.outputs] == [ref() for ref in first]
 
 
 @pytest.mark.parametrize("devices", [DEVS, ("PYTHON", "PYTHON:1")])
