@@ -4,10 +4,12 @@ to the default fp16/bf16 4096^3 CUDA kernels, whose tiling must load at most 1/6
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from codegen_cases import run_python
-from test_staging import ASYNC_TC_GPU, TC_GPU, bmm, bmm_ast
+from test_staging import ASYNC_TC_GPU, FMA_GPU, TC_GPU, bmm, bmm_ast
 
 from lazygrad_codegen import Opt, OptOps, get_program
 from lazygrad_codegen.memory_traffic import global_load_bytes
@@ -69,6 +71,29 @@ def test_default_cuda_matmul_loads_at_most_a_64th_of_a_byte_per_flop(dtype) -> N
     spec = get_program(bmm_ast(1, size, size, size, dtype), cuda.CUDARenderer("sm_80", cores.TENSOR_CORES["sm_80"]))
     loaded = global_load_bytes(spec.uops, spec.global_size, spec.local_size)
     assert loaded * 64 <= 2 * size**3
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(4095, 4096, 4097), (4095, 4097, 4096)])
+def test_odd_sized_default_cuda_matmul_loads_about_a_64th_of_a_byte_per_flop(m: int, n: int, k: int) -> None:
+    # no tile divides 4095 or 4097: padded to whole 128x128x32 tiles, each loaded value is still used ~128 times;
+    # the padding is loaded as zeros and counted (4097 columns pad to 4224: 3% more)
+    cuda = pytest.importorskip("lazygrad_cuda.renderer")
+    cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
+    spec = get_program(bmm_ast(1, m, n, k, dtypes.float16), cuda.CUDARenderer("sm_80", cores.TENSOR_CORES["sm_80"]))
+    loaded = global_load_bytes(spec.uops, spec.global_size, spec.local_size)
+    assert loaded * 64 <= 2 * m * n * k * 1.04
+
+
+def test_threads_past_the_end_of_a_copy_do_not_count() -> None:
+    # a 128x4 fp32 tile of A is 128 copies of 4 floats, made by the first 128 of 256 threads: the others are gated
+    # off by their thread index, and the count is exactly the tiled matmul's
+    m = n = 256
+    k = 64
+    spec = get_program(bmm_ast(1, m, n, k, dtypes.float32), FMA_GPU)
+    assert Opt(OptOps.STAGE) in spec.opts and math.prod(spec.local_size) == 256
+    static = global_load_bytes(spec.uops, spec.global_size, spec.local_size)
+    tiles = (m // 128) * (n // 128)
+    assert static == tiles * (128 * k + k * 128) * 4
 
 
 def test_symbolic_launches_are_refused() -> None:

@@ -5,6 +5,8 @@ torch for the convolution passes through the frontend), on shapes that are and a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from codegen_cases import Case, check, run_python
@@ -353,6 +355,68 @@ def test_default_fma_tiles_are_staged(shape: tuple[int, int, int, int]) -> None:
     _staged_run(bmm(*shape, dtypes.float32), FMA_GPU, None)
 
 
+# *** odd shapes: padded to whole tiles ***
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    batch=st_.integers(1, 2),
+    m=st_.integers(16, 100),
+    n=st_.integers(16, 100),
+    k=st_.integers(33, 72),  # two reduction steps at least: a single step leaves no loop to stage
+    kind=st_.sampled_from(["fp16", "bf16", "fp32", "fp16_async"]),
+)
+def test_default_tiles_of_any_shape_match_numpy(batch: int, m: int, n: int, k: int, kind: str) -> None:
+    dtype = {"fp16": dtypes.float16, "bf16": dtypes.bfloat16, "fp32": dtypes.float32, "fp16_async": dtypes.float16}
+    renderer = {"fp16": TC_GPU, "bf16": TC_GPU, "fp32": FMA_GPU, "fp16_async": LDMATRIX_GPU}[kind]
+    case = bmm(batch, m, n, k, dtype[kind])
+    spec = _staged_run(case, renderer, None)
+    # an axis no tile divides is padded (the padding staged as zeros, its outputs not stored) by at most an eighth
+    kernel = Kernel(case.ast, renderer)
+    for o in spec.opts:
+        if o.op is OptOps.PADTO:
+            axis = (kernel.axes(AxisType.GLOBAL) + kernel.axes(AxisType.REDUCE))[o.axis]
+            size = kernel.full_shape[axis]
+            assert -(-size // o.arg) * o.arg * tiling.PAD_WASTE <= size * (tiling.PAD_WASTE + 1), spec.opts
+            kernel.apply_opt(o)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "renderer"), [(dtypes.float16, TC_GPU), (dtypes.bfloat16, LDMATRIX_GPU), (dtypes.float32, FMA_GPU)]
+)
+def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer) -> None:
+    # 250 x 125 x 70: no 128-row tile divides M or N; padded, the default is the full 128x128 tile of 8 warps (256
+    # FMA threads) over 2x1 workgroups, as on a multiple of the tile
+    case = bmm(1, 250, 125, 70, dtype)
+    spec = _staged_run(case, renderer, None)
+    k = Kernel(case.ast, renderer).apply_opts(list(spec.opts))
+    assert tiling.tile_extents(k)["M"] * tiling.tile_extents(k)["N"] == 128 * 128
+    assert k.workgroup_threads() == 256
+    # by PADTO, or by the tensor core's own padding to its 16x8 tile
+    assert math.prod(k.full_shape) > 250 * 125 * 70
+
+
+def test_full_size_odd_shapes_get_the_round_shapes_tiles() -> None:
+    # the fp32 4095x4097x1000 matmul had one-thread workgroups: no tile divided 4095 or 4097
+    for dtype, renderer in ((dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU)):
+        for m, n, kk in ((4095, 1000, 4097), (4095, 4096, 4097), (1000, 1000, 1000)):
+            k = hand_coded_optimizations(Kernel(bmm_ast(1, m, n, kk, dtype), renderer))
+            round_ = hand_coded_optimizations(Kernel(bmm_ast(1, 4096, 4096, 4096, dtype), renderer))
+            assert k.staged and k.workgroup_threads() == round_.workgroup_threads() == 256
+            assert tiling.tile_extents(k) == tiling.tile_extents(round_), (dtype, m, n, kk, k.applied_opts)
+
+
+def test_padding_keeps_broadcast_operands_unmasked() -> None:
+    # padding M masks A (which moves along M) but not B (stride 0 along M): B's staged tile stays K x N
+    k = Kernel(bmm_ast(1, 100, 64, 64, dtypes.float32), FMA_GPU)
+    k.apply_opt(Opt(OptOps.PADTO, 0, 128))
+    a, b = (k.views[ld.src[1]] for ld in staging.staged_loads(k))
+    assert a.views[-1].mask is not None and b.views[-1].mask is None
+    k.apply_opts([Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.LOCAL, 0, 16), Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.STAGE)])
+    pa, pb = plan(k)
+    assert (pa.tile, pb.tile) == (128, 8)
+
+
 # *** convolutions (implicit GEMM) ***
 
 
@@ -363,6 +427,18 @@ def test_convolution_from_local_memory(dtype: DType, renderer) -> None:
     # 8x8 pixels pad to the core's 16 rows at most doubled, so fp16/bf16 run on tensor cores
     spec = _staged_run(conv(1, 16, 16, 8, dtype), renderer, None)
     assert (Ops.WMMA in _ops(spec)) == (renderer is TC_GPU)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "renderer"), [(dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU), (dtypes.bfloat16, LDMATRIX_GPU)]
+)
+@pytest.mark.parametrize(("batch", "cin", "cout", "size"), [(3, 5, 20, 7)])
+def test_odd_channel_and_pixel_convolutions_match_numpy(dtype: DType, renderer, batch, cin, cout, size) -> None:
+    # odd channels, pixels and batch: no tile divides them; the default pads where that pays and matches numpy
+    case = conv(batch, cin, cout, size, dtype)
+    out, spec = run_python(case.ast, renderer, None, case.inputs)
+    check(case, out, f"{case.name} {spec.opts}")
+    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
 
 
 # *** what STAGE refuses ***

@@ -31,6 +31,11 @@ def _matmul(dtype: DType) -> list[Tensor]:
     return [_t(4096, 4096, dtype=dtype) @ _t(4096, 4096, dtype=dtype)]
 
 
+def _odd_matmul(dtype: DType) -> list[Tensor]:
+    # no tile divides 4095 or 4097: padded to whole tiles, the same 128x128 tile of 8 warps (256 threads)
+    return [_t(4095, 4097, dtype=dtype) @ _t(4097, 1000, dtype=dtype)]
+
+
 def _conv_passes(dtype: DType) -> list[Tensor]:
     x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(64, 64, 3, 3, dtype=dtype).requires_grad_()
     out = x.conv2d(w, padding=1)
@@ -52,6 +57,8 @@ def _matmul_like(ast) -> bool:
         ("matmul_fp16", lambda: _matmul(dtypes.float16)),
         ("matmul_bf16", lambda: _matmul(dtypes.bfloat16)),
         ("matmul_fp32", lambda: _matmul(dtypes.float32)),
+        ("odd_matmul_fp16", lambda: _odd_matmul(dtypes.float16)),
+        ("odd_matmul_fp32", lambda: _odd_matmul(dtypes.float32)),
         ("conv_fp16", lambda: _conv_passes(dtypes.float16)),
         ("conv_fp32", lambda: _conv_passes(dtypes.float32)),
     ],
@@ -69,7 +76,9 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
             assert Opt(OptOps.STAGE) in spec.opts, f"{what}: {spec.name} is not staged: {spec.opts}"
             if "fp32" not in what:
                 assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
-            if "matmul" in what and "fp32" not in what:
+            if "odd" in what:
+                assert math.prod(spec.local_size) == 256, f"{what}: {spec.name} {spec.local_size} {spec.opts}"
+            elif "matmul" in what and "fp32" not in what:
                 # whole 16-byte rows of both operands: copied by cp.async in a two-stage pipeline
                 assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
                 # fragments read from shared memory as 8x8 matrices, B's transposed

@@ -20,7 +20,7 @@ kernel the same way:
 - `NOLOCALS`: no LOCAL axes at all on a GPU (must come before any LOCAL);
 - `TC(axis, (select, pad))`: runs the matmul of the kernel on tensor cores: `axis` picks one of the matching (N, M, K)
   axis triples, `select` a tensor core of the renderer (-1: the first that fits), `pad` 1 lets it pad axes to the
-  core's dims;
+  core's dims; it comes first, or after PADTOs only (the default tiles pad odd axes to whole tiles first);
 - `STAGE`: the workgroup copies the tiles of the reduction's operands into local memory once per reduce step and
   reads them from there (`lazygrad_codegen.staging`); only SWAP may follow it, since the tiles are sized by then.
   `STAGE` with arg 1 keeps one stage (copies, then a barrier, in every step) where the renderer could pipeline
@@ -44,7 +44,7 @@ from lazygrad_uop.device import Renderer, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
-from lazygrad_uop.views import ShapeTracker
+from lazygrad_uop.views import ShapeTracker, View
 
 
 class KernelASTError(ValueError):
@@ -394,9 +394,14 @@ class Kernel:
         self._sort_axes()
 
     def pad_axis(self, axis: int, to: int) -> None:
-        """Pad axis `axis` with masked elements up to size `to`."""
+        """Pad axis `axis` with masked elements up to size `to`. Along an output axis a view that does not move
+        along it (stride 0: B along the rows of a matmul) stays unmasked: it reads in bounds at every index, and what
+        it gives at padded outputs reaches only the stores the padding masks, so staged tiles need not depend on it."""
+        output = self.axis_types[axis] is AxisType.GLOBAL
         for v, st in self.views.items():
-            if st.shape[axis] == self.full_shape[axis]:
+            if output and (widened := _widened(st, axis, self.full_shape[axis], to)) is not None:
+                self.views[v] = widened
+            elif st.shape[axis] == self.full_shape[axis]:
                 self.views[v] = st.pad(tuple((0, to - s if a == axis else 0) for a, s in enumerate(st.shape)))
         self.full_shape = tuple(to if a == axis else s for a, s in enumerate(self.full_shape))
 
@@ -451,8 +456,9 @@ class Kernel:
         if opt.op is OptOps.TC:
             from lazygrad_codegen.tensor_cores import apply_tensor_core
 
-            if self.applied_opts:
-                raise KernelOptError("TC must be the first opt applied to a kernel")
+            # PADTOs may come first: a tile that pads its axes to whole workgroup tiles (`tiling`) before the core
+            if any(o.op is not OptOps.PADTO for o in self.applied_opts) or self.reduce_mask is not None:
+                raise KernelOptError("TC must be the first opt applied to a kernel (PADTOs of zero padding aside)")
             apply_tensor_core(self, opt)
             return
         if opt.op is OptOps.NOLOCALS:
@@ -599,6 +605,21 @@ class Kernel:
                     self.reduce_mask = UOp(Ops.VIEW, dtypes.bool, arg=ShapeTracker.from_shape(self.full_shape))
                     self.views[self.reduce_mask] = self.reduce_mask.arg
         self.pad_axis(axis, to)
+
+
+def _widened(st: ShapeTracker, axis: int, size: sint, to: int) -> ShapeTracker | None:
+    """`st`, one view of stride 0 along `axis` (of `size`), with that axis `to` long and unmasked along it; None
+    for any other tracker."""
+    if len(st.views) != 1 or st.shape[axis] != size or st.views[0].strides[axis] != 0:
+        return None
+    v = st.views[0]
+    mask = v.mask
+    if mask is not None:
+        if mask[axis] != (0, size):
+            return None
+        mask = tuple((0, to) if a == axis else m for a, m in enumerate(mask))
+    shape = tuple(to if a == axis else s for a, s in enumerate(v.shape))
+    return ShapeTracker((View.create(shape, v.strides, v.offset, mask),))
 
 
 def check_reduce_padding(k: Kernel) -> None:

@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.symbolic import sym_infer
 from lazygrad_uop.uop import UOp, sint
@@ -44,7 +45,7 @@ def global_load_bytes(uops: Sequence[UOp], global_size: Sequence[sint], local_si
         raise ValueError(f"launch sizes must be ints to count the loads, got {global_size} x {local_size}")
     threads = math.prod(global_size) * math.prod(local_size)  # type: ignore[arg-type]
     loops: list[UOp] = []
-    total = 0
+    total: float = 0
     for u in uops:
         if u.op is Ops.RANGE:
             if u.src[0].op is not Ops.CONST:
@@ -55,23 +56,40 @@ def global_load_bytes(uops: Sequence[UOp], global_size: Sequence[sint], local_si
         elif (size := _reads(u)) > 0:
             trips = [int(r.src[0].arg) for r in loops]
             total += size * _iterations(_gate(u), loops, trips) * threads
-    return total
+    return round(total)
 
 
-def _iterations(gate: UOp | None, loops: list[UOp], trips: list[int]) -> int:
-    """In how many iterations of `loops` a read with `gate` reads: all of them, unless the gate depends on nothing
-    but (some of) those loops, when the iterations where it holds are counted."""
+def _conjuncts(gate: UOp) -> list[UOp]:
+    """The terms of `gate` as an AND of terms."""
+    if gate.op is Ops.AND and gate.dtype.scalar() == dtypes.bool:
+        return [t for src in gate.src for t in _conjuncts(src)]
+    return [gate]
+
+
+def _iterations(gate: UOp | None, loops: list[UOp], trips: list[int]) -> int | float:
+    """In how many iterations of `loops` a read with `gate` reads, on average over a workgroup's threads. Of the
+    gate's terms (an AND), those that depend on nothing but (some of) those loops and the thread's index in its
+    workgroup (`lidx`: the threads past the end of a tile's copies, the steps past the end of a pipeline) are
+    counted exactly, over the iterations and threads where they hold; any other term (a view's validity: padding,
+    edges) counts as holding."""
     everything = math.prod(trips)
     if gate is None:
         return everything
-    leaves = {n for n in gate.toposort if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR)}
-    if not leaves or not leaves <= set(loops):
+    lengths = dict(zip(loops, trips, strict=True))
+    exact: list[UOp] = []
+    for term in _conjuncts(gate):
+        leaves = {n for n in term.toposort if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR)}
+        local = {n for n in leaves if n.op is Ops.SPECIAL and str(n.arg[0]).startswith("lidx")}
+        if leaves and leaves <= set(loops) | local:
+            exact.append(term)
+    if not exact:
         return everything
-    used = [(r, t) for r, t in zip(loops, trips, strict=True) if r in leaves]
-    if math.prod(t for _, t in used) > 1 << 16:
+    leaves = {n for t in exact for n in t.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
+    used = [(n, lengths[n] if n in lengths else int(n.arg[1])) for n in leaves]
+    if math.prod(t for _, t in used) > 1 << 12:
         return everything
     holds = sum(
-        bool(sym_infer(gate, dict(zip((r for r, _ in used), values, strict=True))))
+        all(bool(sym_infer(t, dict(zip((r for r, _ in used), values, strict=True)))) for t in exact)
         for values in itertools.product(*(range(t) for _, t in used))
     )
-    return holds * everything // math.prod(t for _, t in used)
+    return holds * everything / math.prod(t for _, t in used)

@@ -34,6 +34,7 @@ from lazygrad_codegen.vectors import gep, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
+from lazygrad_uop.views import ShapeTracker, View
 
 if TYPE_CHECKING:
     from lazygrad_codegen.kernel import Kernel
@@ -86,20 +87,105 @@ def staged_loads(k: Kernel) -> list[UOp]:
     return [ld for ld, _ in k.loads() if ld.src[1] in k.full_views and axes_read(ld, k) & reduce_axes]
 
 
-def _int_strides(k: Kernel, load: UOp) -> list[int] | None:
-    st = k.views[load.src[1]]
+def _unmasked(st: ShapeTracker) -> ShapeTracker:
+    """`st` with every mask dropped, simplified: the same addresses (masks decide only validity), and a masked view
+    reshaped across its mask (an axis padded to whole tiles, then split into them), which stays a stack of views
+    whose index math hides the strides, merges back into one view."""
+    return ShapeTracker(tuple(View.create(v.shape, v.strides, v.offset) for v in st.views)).simplify()
+
+
+def address_strides(st: ShapeTracker) -> tuple[sint | None, ...]:
+    """How far the address `st` reads moves per step of each axis, whatever its masks (None: not one stride)."""
     strides = st.real_strides(ignore_valid=True)
+    if all(s is not None for s in strides) or all(v.mask is None for v in st.views):
+        return strides
+    return _unmasked(st).real_strides()
+
+
+def _lower_dims(st: ShapeTracker) -> tuple[list[tuple[int, int] | None], list[int]] | None:
+    """For a stack of two views of ints whose upper one has no mask (a padded view split into tiles): per axis, the
+    dim of the lower view its step moves and by how much (None: none), and the lower view's coordinates at index 0.
+    None for any other stack, or when an axis moves across dims (a step could carry into the next dim)."""
+    if len(st.views) != 2:
+        return None
+    low, top = st.views
+    fields = (*low.shape, *top.shape, *top.strides, top.offset)
+    if top.mask is not None or not all(isinstance(x, int) for x in fields) or top.offset < 0:  # type: ignore[operator]
+        return None
+    shape = [int(n) for n in low.shape]
+    inner = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    start, rest = [], int(top.offset)
+    for c in inner:
+        start.append(rest // c)
+        rest %= c
+    if start and start[0] >= shape[0]:
+        return None
+    reach, out = list(start), []
+    for s, n in zip(top.strides, top.shape, strict=True):
+        if s == 0 or n == 1:
+            out.append(None)
+            continue
+        d = next((d for d in range(len(shape)) if inner[d] <= s and shape[d] > 1), None)  # type: ignore[operator]
+        if d is None or s < 0 or s % inner[d]:  # type: ignore[operator]
+            return None
+        out.append((d, s // inner[d]))  # type: ignore[operator]
+        reach[d] += s // inner[d] * (n - 1)  # type: ignore[operator]
+    if any(r >= n for r, n in zip(reach, shape, strict=True)):
+        return None
+    return out, start
+
+
+def _valid_by_vectors(st: ShapeTracker, axis: int, v: int) -> bool:
+    """Whether every run of `v` elements along `axis` that starts at a multiple of `v` is valid or masked as a
+    whole, so that one gated vector copy moves it: `st`'s masks along `axis` (through a split, in the lower view's
+    dim that `axis` moves) fall on multiples of the run."""
+    if len(st.views) == 1:
+        mask = st.views[0].mask
+        return mask is None or all(isinstance(b, int) and b % v == 0 for b in mask[axis])
+    dims = _lower_dims(st)
+    if dims is None:
+        return False
+    moves, start = dims
+    low = st.views[0]
+    if moves[axis] is None or low.mask is None:
+        return moves[axis] is not None or low.mask is None
+    d, step = moves[axis]  # type: ignore[misc]
+    run = step * v
+    others = [m[1] for a, m in enumerate(moves) if m is not None and m[0] == d and a != axis]
+    return all(x % run == 0 for x in (*low.mask[d], start[d], *others))
+
+
+def _read_axes(k: Kernel, load: UOp, read: set[int]) -> set[int]:
+    """`read` (the axes `load`'s index or validity depends on, as the index math shows them) less those its address
+    does not move along, for a padded view split into tiles (`_lower_dims`) whose masks lie on dims it moves along:
+    its validity then depends on those axes only. Its index math seems to depend on every axis (through the
+    unravel of the split), which would make each operand's tile the whole workgroup's. Axes that move only a dim the
+    lower view has stride 0 along (and no mask on) are dropped."""
+    st = k.views[load.src[1]]
+    dims = _lower_dims(st)
+    if len(st.views) == 1 or dims is None:
+        return read
+    low = st.views[0]
+    if low.mask is not None and any(m != (0, n) and s == 0 for m, n, s in zip(low.mask, low.shape, low.strides)):
+        return read
+    return {a for a in read if (m := dims[0][a]) is not None and low.strides[m[0]] != 0}
+
+
+def _int_strides(k: Kernel, load: UOp) -> list[int] | None:
+    strides = address_strides(k.views[load.src[1]])
     return list(strides) if all(isinstance(s, int) for s in strides) else None  # type: ignore[arg-type]
 
 
 def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
-    """Elements per copy along the tile's innermost axis `axis`: up to 16 bytes when the view is one unmasked view,
-    contiguous along `axis`, and every other stride and the offset keep the copies aligned."""
+    """Elements per copy along the tile's innermost axis `axis`: up to 16 bytes when the view is contiguous along
+    `axis`, every other stride and the offset keep the copies aligned, and its masks (padding, edges) take or leave
+    each copy whole (`_valid_by_vectors`)."""
     st = k.views[load.src[1]]
     strides = _int_strides(k, load)
-    if strides is None or len(st.views) != 1 or st.views[0].mask is not None or strides[axis] != 1:
+    free = _unmasked(st)
+    if strides is None or len(free.views) != 1 or strides[axis] != 1:
         return 1
-    offset = st.views[0].offset
+    offset = free.views[0].offset
     v = COPY_BYTES // load.dtype.itemsize
     while v > 1:
         if (
@@ -107,6 +193,7 @@ def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
             and isinstance(offset, int)
             and offset % v == 0
             and all(s % v == 0 for a, s in enumerate(strides) if a != axis)
+            and _valid_by_vectors(st, axis, v)
         ):
             return v
         v //= 2
@@ -122,7 +209,7 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
     slots = max(2, k.stages if stages is None else stages) if k.axes(AxisType.REDUCE) else 1
     out = []
     for load in staged_loads(k):
-        read = axes_read(load, k)
+        read = _read_axes(k, load, axes_read(load, k))
         axes = [a for a in range(k.rank) if k.axis_types[a] in TILE_TYPES and a in read]
         sizes = {a: int(k.full_shape[a]) for a in axes}
         strides = _int_strides(k, load)

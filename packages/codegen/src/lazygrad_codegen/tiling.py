@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
-from lazygrad_codegen.staging import staged_loads
+from lazygrad_codegen.staging import TILE_TYPES, address_strides, staged_loads
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
@@ -44,7 +44,7 @@ MIN_SIZE = 16
 
 
 def _varies(st: ShapeTracker, axis: int) -> bool:
-    s = st.real_strides(ignore_valid=True)[axis]
+    s = address_strides(st)[axis]
     return not (isinstance(s, int) and s == 0)
 
 
@@ -115,14 +115,15 @@ def _leaving_warps(k: Kernel, which: str, amounts: tuple[int, ...]) -> tuple[int
     return leaving or amounts
 
 
-def staged_matmul(k: Kernel) -> bool:
-    """Apply the default tiles of the module docstring to `k` when it is matmul-like and its renderer has local and
-    shared memory; returns whether it did (`k` is left unchanged otherwise)."""
+PAD_WASTE = 8
+"""An axis that no tile of the default size divides (4095, 1000) is padded to whole tiles (PADTO; the padding reads
+zeros and its outputs are not stored) where that adds at most 1/PAD_WASTE of its length; else the largest tile,
+halving, for which it does."""
+
+
+def _tile(k: Kernel) -> Kernel | None:
+    """`k` (no opts but PADTOs) with the default tiles applied and staged, or None when they don't fit."""
     r = k.renderer
-    if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
-        return False
-    if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
-        return False
     trial = k.copy()
     tiles = FMA_TILES
     # the first of the ways tensor cores fit (which M, N and K axes) that needs no more than doubling an axis: a
@@ -137,7 +138,7 @@ def staged_matmul(k: Kernel) -> bool:
     # FMA tiles only where the renderer declares warps, i.e. is known to be a GPU: a generic OpenCL target may be a CPU
     # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
-        return False
+        return None
     for which, amounts in tiles:
         if which in ("M", "N"):
             amounts = _leaving_warps(trial, which, amounts)
@@ -145,8 +146,105 @@ def staged_matmul(k: Kernel) -> bool:
     try:
         trial.apply_opt(Opt(OptOps.STAGE))
     except KernelOptError:
+        return None
+    return trial
+
+
+def tile_extents(k: Kernel) -> dict[str, int]:
+    """The workgroup tile of the matmul-like kernel `k` in one reduction step: how many rows of M, columns of N and
+    elements of the reduction K its threads and registers cover (the product of its tile axes that only A, only B,
+    or both read)."""
+    out = {"M": 1, "N": 1, "K": 1}
+    ops = _operands(k)
+    if ops is None:
+        return out
+    a, b = ops
+    for ax in range(k.rank):
+        size = k.full_shape[ax]
+        if k.axis_types[ax] not in TILE_TYPES or not isinstance(size, int):
+            continue
+        va, vb = _varies(a, ax), _varies(b, ax)
+        if va or vb:
+            out["K" if va and vb else "M" if va else "N"] *= size
+    return out
+
+
+def _targets(k: Kernel) -> dict[str, int]:
+    """The tile extents (`tile_extents`) the default tile of `k` (staged by `_tile`) would have on axes that every
+    amount divides: 128x128x32 on tensor cores, 128x128x4 on FMA units."""
+    tiles = dict(TC_TILES if k.tensor_core is not None else FMA_TILES)
+    n_dim, m_dim, k_dim = k.tensor_core.dims if k.tensor_core is not None else (1, 1, 1)
+    return {
+        "M": max(tiles["M"]) * max(tiles["LM"]) * m_dim,
+        "N": max(tiles["N"]) * max(tiles["LN"]) * n_dim,
+        "K": max(tiles["K"]) * k_dim,
+    }
+
+
+def _paddings(k: Kernel, have: dict[str, int], want: dict[str, int]) -> list[Opt]:
+    """PADTOs that make an axis of `k` of each kind a multiple of a larger tile than `have` (at most `want`, see
+    `PAD_WASTE`)."""
+    opts = []
+    n_globals = len(k.axes(AxisType.GLOBAL))
+    for which in ("M", "N", "K"):
+        best: tuple[int, int, int] | None = None  # tile, axis, padded size
+        for axis in _candidates(k, which):
+            size, tile = k.full_shape[axis], want[which]
+            if not isinstance(size, int):
+                continue
+            while tile > have[which] and -(-size // tile) * tile * PAD_WASTE > size * (PAD_WASTE + 1):
+                tile //= 2
+            if tile > have[which] and (best is None or tile > best[0]):
+                best = (tile, axis, -(-size // tile) * tile)
+        if best is None or best[2] == k.full_shape[best[1]]:
+            continue
+        kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
+        index = k.axes(kind).index(best[1]) + (n_globals if which == "K" else 0)
+        opts.append(Opt(OptOps.PADTO, index, best[0]))
+    return opts
+
+
+def _cost(k: Kernel, work: float) -> tuple[float, float]:
+    """Bytes loaded per FLOP of a staged tile, up to a constant: 1/M + 1/N of its extents, times the work the padding
+    adds (`work`, padded over real), rounded to 5%; then per reduction element, barriers (1/K): a padding that only
+    lengthens the reduction step to the full tile pays when it adds under 5%."""
+    e = tile_extents(k)
+    return round(math.log((1 / e["M"] + 1 / e["N"]) * work, 1.05)), 1 / e["K"]
+
+
+def staged_matmul(k: Kernel) -> bool:
+    """Apply the default tiles of the module docstring to `k` when it is matmul-like and its renderer has local and
+    shared memory, padding odd axes to whole tiles where that pays (`PAD_WASTE`); returns whether it did (`k` is
+    left unchanged otherwise)."""
+    r = k.renderer
+    if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
         return False
-    k.__dict__.update(trial.__dict__)
+    if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
+        return False
+    best = _tile(k)
+    have = tile_extents(best) if best is not None else {"M": 1, "N": 1, "K": 1}
+    # the targets need the tensor core the tile got (its dims); without a tile, those of a first TC alone
+    probe = best
+    if probe is None and r.tensor_cores:
+        probe = k.copy()
+        try:
+            probe.apply_opt(Opt(OptOps.TC, 0, (-1, 1)))
+        except KernelOptError:
+            probe = k
+    want = _targets(probe if probe is not None else k)
+    if any(have[w] < want[w] for w in want) and (pads := _paddings(k, have, want)):
+        padded = k.copy()
+        try:
+            padded.apply_opts(pads)
+            tiled = _tile(padded)
+        except KernelOptError:
+            tiled = None
+        work = math.prod(int(s) for s in padded.full_shape) / math.prod(int(s) for s in k.full_shape)
+        if tiled is not None and (best is None or _cost(tiled, work) < _cost(best, 1.0)):
+            best = tiled
+    if best is None:
+        return False
+    k.__dict__.update(best.__dict__)
     return True
 
 
