@@ -396,6 +396,57 @@ def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer) -> None:
     assert math.prod(k.full_shape) > 250 * 125 * 70
 
 
+@pytest.mark.parametrize(
+    ("shape", "vectors"),
+    [
+        # M (and N) padded: the masks lie across rows, every 16-byte run of a row is valid or not as a whole
+        ((1, 100, 64, 64), (8, 8)),
+        ((1, 120, 120, 40), (8, 8)),
+        # K padded at 36: A's rows end 4 halves into a run of 8, so A is copied 8 bytes at a time
+        ((1, 64, 64, 36), (4, 8)),
+    ],
+)
+def test_padded_operands_are_copied_in_vectors_that_the_masks_keep_whole(shape, vectors) -> None:
+    case = bmm(*shape, dtypes.float16)
+    spec = _staged_run(case, LDMATRIX_GPU, None)
+    k = Kernel(case.ast, LDMATRIX_GPU).apply_opts(list(spec.opts))
+    assert tuple(o.vector for o in plan(k)) == vectors, spec.opts
+    assert Ops.ASYNC_COPY in _ops(spec)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st_.integers(1, 6),
+    k=st_.integers(1, 20),
+    extra=st_.integers(0, 6),
+    pad_m=st_.integers(0, 4),
+    pad_k=st_.integers(0, 12),
+    split=st_.sampled_from([2, 4, 8]),
+    v=st_.sampled_from([2, 4, 8]),
+)
+def test_vector_copies_keep_masks_whole_against_brute_force(m, k, extra, pad_m, pad_k, split, v) -> None:
+    # rows of k elements `k + extra` apart, padded (as PADTO does) and the row axis split in tiles of `split`: where
+    # the staging rule allows a copy of v elements, every aligned run of v along the axis is all valid or all masked
+    from hypothesis import assume
+
+    width = k + pad_k
+    assume(width % split == 0)
+    base = ShapeTracker.from_shape((m, k + extra)).shrink(((0, m), (0, k)))
+    st = base.pad(((0, pad_m), (0, pad_k))).reshape((m + pad_m, width // split, split))
+    for axis in (1, 2):
+        if st.shape[axis] % v or not staging._valid_by_vectors(st, axis, v):
+            continue
+        for row in range(m + pad_m):
+            for rest in range(st.shape[3 - axis]):
+                for start in range(0, st.shape[axis], v):
+                    seen = set()
+                    for j in range(start, start + v):
+                        coords = [row, j, rest] if axis == 1 else [row, rest, j]
+                        _, valid = st.to_indexed_uops([UOp.const(dtypes.int32, c) for c in coords])
+                        seen.add(bool(sym_infer(valid, {})))
+                    assert len(seen) == 1, (st, axis, row, rest, start)
+
+
 def test_full_size_odd_shapes_get_the_round_shapes_tiles() -> None:
     # the fp32 4095x4097x1000 matmul had one-thread workgroups: no tile divided 4095 or 4097
     for dtype, renderer in ((dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU)):
@@ -545,6 +596,37 @@ def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype
     # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
     # these axes: test_convolution_from_local_memory has them)
     assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32])
+def test_stem_like_convolution_passes_match_torch(emulated_gpu, dtype: DType) -> None:
+    # a 7x7 window at stride 2 over 3 channels (ResNet's stem, scaled down): the weight gradient's 3 x 7 x 7 axes
+    # have no tile; its taps are padded to 8 where that pays, and every pass matches torch
+    torch = pytest.importorskip("torch")
+    from lazygrad import Tensor, engine
+
+    x_np = RNG.standard_normal((1, 3, 11, 11)).astype(np.float32)
+    w_np = (RNG.standard_normal((16, 3, 7, 7)) * 0.2).astype(np.float32)
+    x, w = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np))
+    x.requires_grad_()
+    w.requires_grad_()
+    out = x.conv2d(w, stride=2, padding=3)
+    g_np = RNG.standard_normal(out.shape).astype(np.float32)
+    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device="PYTHON").cast(dtype))
+    tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
+    tx, tw, tg = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np, g_np))
+    t_out = torch.nn.functional.conv2d(tx, tw, stride=2, padding=3)
+    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), tg.detach())
+    tol = 1e-4 if dtype == dtypes.float32 else 2e-2
+    for got, want in ((out, t_out), (dx, t_dx), (dw, t_dw)):
+        want_np = want.detach().numpy()
+        np.testing.assert_allclose(
+            got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
+        )
+    # the weight gradient's taps were padded to whole tiles
+    assert any(
+        o.op is OptOps.PADTO for r in engine._runners.values() for o in r.spec.opts if Opt(OptOps.STAGE) in r.spec.opts
+    )
 
 
 # *** shared-memory banks ***

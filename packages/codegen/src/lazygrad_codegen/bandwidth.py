@@ -10,14 +10,15 @@ from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOp
 ELEMENTWISE_THREADS = 256
 
 
-def elementwise_workgroups(k: Kernel) -> bool:
-    """On a GPU, LOCAL axes of `ELEMENTWISE_THREADS` threads in all over the output axes of an elementwise kernel,
-    innermost first; where they can't give at least half of that, the innermost output axis is padded to whole
-    workgroups first. Returns whether it applied (False leaves the kernel as it was)."""
+def elementwise_workgroups(k: Kernel, reductions: bool = False, threads: int = ELEMENTWISE_THREADS) -> bool:
+    """On a GPU, LOCAL axes of `threads` threads in all over the output axes of an elementwise kernel
+    (with `reductions`, also of one whose threads each loop over a short reduction of their own), innermost first;
+    where they can't give at least half of that, the innermost output axis is padded to whole workgroups first.
+    Returns whether it applied (False leaves the kernel as it was)."""
     r = k.renderer
-    if k.reduceops or not r.has_local or k.axes(AxisType.LOCAL) or not k.use_locals:
+    if (k.reduceops and not reductions) or not r.has_local or k.axes(AxisType.LOCAL) or not k.use_locals:
         return False
-    target = min(ELEMENTWISE_THREADS, r.max_workgroup_threads)
+    target = min(threads, r.max_workgroup_threads)
     globals_ = k.axes(AxisType.GLOBAL)
     if not globals_ or not all(isinstance(k.full_shape[a], int) for a in globals_):
         return False

@@ -30,7 +30,7 @@ What assumes a CPU: the upcast widths come from the renderer's `vector_width` (t
 
 from __future__ import annotations
 
-from lazygrad_codegen.bandwidth import elementwise_workgroups
+from lazygrad_codegen.bandwidth import ELEMENTWISE_THREADS, elementwise_workgroups
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
 from lazygrad_codegen.reductions import group_rows
 from lazygrad_codegen.tiling import staged_matmul
@@ -105,6 +105,8 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     if r.has_local and r.has_shared and staged_matmul(k):
         return k
     if r.tensor_cores and r.has_local and _tensor_cores(k):
+        return k
+    if _short_column_sums(k):
         return k
     if r.has_local and r.has_shared and k.reduceops:
         if group_rows(k, FEW_OUTPUTS):
@@ -243,6 +245,55 @@ def _tensor_cores(k: Kernel) -> bool:
 
 # at most this many outputs count as "very few": each gets a whole workgroup of warps to itself
 FEW_OUTPUTS = 16
+# a sum across at most this many rows, each a whole output apart (the parts of a split reduction: `SPLIT_K_MAX`), to
+# at least SHORT_SUM_OUTPUTS outputs is a loop of each thread's own on a GPU
+SHORT_SUM_ROWS = 64
+SHORT_SUM_OUTPUTS = 4096
+
+
+def _short_column_sums(k: Kernel) -> bool:
+    """On a GPU (`warp_size`), a short sum across rows to many outputs (the sum of a split-K matmul's parts:
+    C[n] = sum_p P[p, n]): each thread sums its own vector of 16 bytes of outputs, neighbouring threads the next
+    vectors, so every row is read in whole coalesced runs, in workgroups of an elementwise kernel's size
+    (`elementwise_workgroups`, padded where none divides). The general rules gave such a kernel a 16-output register
+    tile and 4-thread workgroups (the 7x7 stem's weight gradient: 588 threads in all, 234 registers each). Returns
+    whether it applied."""
+    r = k.renderer
+    if not (r.has_local and warp_size(r) and k.use_locals) or len(k.reduceops) != 1 or k.applied_opts:
+        return False
+    reduce_axes, globals_ = k.axes(AxisType.REDUCE), k.axes(AxisType.GLOBAL)
+    sizes = [k.full_shape[a] for a in reduce_axes + globals_]
+    if not reduce_axes or not globals_ or not all(isinstance(s, int) for s in sizes):
+        return False
+    rows = 1
+    for a in reduce_axes:
+        rows *= int(k.full_shape[a])
+    outputs = 1
+    for a in globals_:
+        outputs *= int(k.full_shape[a])
+    loads = [(ld, st) for ld, st in k.loads() if ld.src[1] in k.full_views]
+    if rows > SHORT_SUM_ROWS or outputs < SHORT_SUM_OUTPUTS or not loads:
+        return False
+    ld, biggest = max(loads, key=lambda x: x[1].real_size())
+    inner = globals_[-1]
+    if _stride(biggest, inner) != 1 or _stride(k.stores()[0][1], inner) != 1:
+        return False
+    trial = k.copy()
+    # few outputs (a weight gradient's 9408) must still spread over every compute unit: vectors only while each
+    # unit keeps a full workgroup, and smaller workgroups (down to two warps) before fewer of them
+    units = max(1, r.compute_units)
+    vector = VECTOR_BYTES // ld.dtype.itemsize if r.supports_float4 else 1
+    size = int(k.full_shape[inner])
+    for amount in (vector, 4, 2):
+        if amount > 1 and size % amount == 0 and outputs // amount >= units * ELEMENTWISE_THREADS:
+            if _try(trial, Opt(OptOps.UPCAST, len(globals_) - 1, amount)):
+                outputs //= amount
+                break
+    threads = next((t for t in (ELEMENTWISE_THREADS, 128) if outputs >= units * t), 64)
+    if not elementwise_workgroups(trial, reductions=True, threads=threads):
+        return False
+    k.__dict__.update(trial.__dict__)
+    return True
 
 
 def _group(k: Kernel) -> None:

@@ -181,26 +181,54 @@ def _targets(k: Kernel) -> dict[str, int]:
     }
 
 
-def _paddings(k: Kernel, have: dict[str, int], want: dict[str, int]) -> list[Opt]:
+def _padding(k: Kernel, which: str, axes: list[int], have: int, want: int, loose: bool) -> tuple[int, int, int] | None:
+    """The best (tile, axis, padded size) among `axes` of kind `which` for a tile over `have` (at most `want`): the
+    largest tile that adds at most 1/`PAD_WASTE`; with `loose` (M and N), the tile largest for the work it does (its
+    size over the padding's factor; on a tie, the smaller padding), up to doubling an axis (a 7-tap window to 8)."""
+    best: tuple[float, int, int, int, int] | None = None  # score, -padding, tile, axis, padded size
+    for axis in axes:
+        size = k.full_shape[axis]
+        if not isinstance(size, int):
+            continue
+        tile = want
+        while tile > have:
+            padded = -(-size // tile) * tile
+            if loose and padded <= 2 * size and tile * size / padded > have:
+                score = tile * size / padded
+            elif padded * PAD_WASTE <= size * (PAD_WASTE + 1):
+                score = tile
+            else:
+                tile //= 2
+                continue
+            if best is None or (score, size - padded) > best[:2]:
+                best = (score, size - padded, tile, axis, padded)
+            if not loose:
+                break
+            tile //= 2
+    return None if best is None else best[2:]
+
+
+def _paddings(k: Kernel, have: dict[str, int], want: dict[str, int], loose: bool = False) -> list[Opt]:
     """PADTOs that make an axis of `k` of each kind a multiple of a larger tile than `have` (at most `want`, see
-    `PAD_WASTE`)."""
+    `_padding`); with `loose`, a second axis of M and of N too, for the warps along it (a 7x7 window's two taps)."""
     opts = []
     n_globals = len(k.axes(AxisType.GLOBAL))
     for which in ("M", "N", "K"):
-        best: tuple[int, int, int] | None = None  # tile, axis, padded size
-        for axis in _candidates(k, which):
-            size, tile = k.full_shape[axis], want[which]
-            if not isinstance(size, int):
+        wide = loose and which != "K"
+        axes, floor, target = _candidates(k, which), have[which], want[which]
+        for _ in range(2 if wide else 1):
+            best = _padding(k, which, axes, floor, target, wide)
+            if best is None:
+                break
+            tile, axis, padded = best
+            axes = [a for a in axes if a != axis]
+            # the second axis: whatever tile is left of the target, for the warps
+            floor, target = 1, max(2, target // tile)
+            if padded == k.full_shape[axis]:
                 continue
-            while tile > have[which] and -(-size // tile) * tile * PAD_WASTE > size * (PAD_WASTE + 1):
-                tile //= 2
-            if tile > have[which] and (best is None or tile > best[0]):
-                best = (tile, axis, -(-size // tile) * tile)
-        if best is None or best[2] == k.full_shape[best[1]]:
-            continue
-        kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
-        index = k.axes(kind).index(best[1]) + (n_globals if which == "K" else 0)
-        opts.append(Opt(OptOps.PADTO, index, best[0]))
+            kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
+            index = k.axes(kind).index(axis) + (n_globals if which == "K" else 0)
+            opts.append(Opt(OptOps.PADTO, index, tile))
     return opts
 
 
@@ -232,7 +260,9 @@ def staged_matmul(k: Kernel) -> bool:
         except KernelOptError:
             probe = k
     want = _targets(probe if probe is not None else k)
-    if any(have[w] < want[w] for w in want) and (pads := _paddings(k, have, want)):
+    plans = [_paddings(k, have, want, loose) for loose in (False, True)] if any(have[w] < want[w] for w in want) else []
+    cost = _cost(best, 1.0) if best is not None else None
+    for pads in [p for n, p in enumerate(plans) if p and p not in plans[:n]]:
         padded = k.copy()
         try:
             padded.apply_opts(pads)
@@ -240,8 +270,8 @@ def staged_matmul(k: Kernel) -> bool:
         except KernelOptError:
             tiled = None
         work = math.prod(int(s) for s in padded.full_shape) / math.prod(int(s) for s in k.full_shape)
-        if tiled is not None and (best is None or _cost(tiled, work) < _cost(best, 1.0)):
-            best = tiled
+        if tiled is not None and (cost is None or _cost(tiled, work) < cost):
+            best, cost = tiled, _cost(tiled, work)
     if best is None:
         return False
     k.__dict__.update(best.__dict__)
