@@ -3,10 +3,10 @@
 with the CUDA renderer (132 multiprocessors, as on an H100) and only compiled.
 
 The set: fp16, bf16 and fp32 matmuls at 4096^3 and 8192^3 and at odd 4095x4097 @ 4097x1000 and 4097x4096, a
-batched fp16 and fp32 matmul (16 x 1024 x 1024 x 1024), and every convolution of ResNet-18 at batch 64 (the 7x7 stem, the 3x3 layers,
-the 1x1 downsampling ones) forward, input gradient and weight gradient, in fp16 and fp32. Every program those
-schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: registers per thread /
-bytes of spill stores and loads together. Target (issue 14): zero spills on both architectures.
+batched fp16 and fp32 matmul (16 x 1024 x 1024 x 1024), and every convolution of ResNet-18 at batch 64 (the 7x7 stem,
+the 3x3 layers, the 1x1 downsampling ones) forward, input gradient and weight gradient, in fp16 and fp32. Every
+program those schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: registers
+per thread / bytes of spill stores and loads together. Target (issue 14): zero spills on both architectures.
 `packages/runtime-cuda/tests/test_staged_kernels.py` checks a representative part of the set in the test suite.
 
     python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90]
