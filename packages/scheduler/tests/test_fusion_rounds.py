@@ -66,7 +66,8 @@ def plain_choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, kz._G
             k = len(gs)
             stored = kz.max_numel(shape_of(u)) * u.dtype.itemsize
             recompute = sum(kz._bytes_read(u, g) for g in gs)
-            if stored * (k + 1) + recompute // k < recompute:
+            # (the kernel that would store it: a launch's worth of bytes)
+            if stored * (k + 1) + recompute // k + kz.LAUNCH_OPS // kz.OPS_PER_BYTE < recompute:
                 added = u
                 break
         if added is None:

@@ -407,10 +407,10 @@ def test_outputs_sharing_no_input_are_separate_kernels() -> None:
     assert len(r.items) == 2
 
 
-def _wide_sum(n_inputs: int) -> tuple[UOp, list[UOp], Inputs]:
-    """The sum of `n_inputs` inputs of shape (4, 4), read by two reductions of different axes (two kernels)."""
+def _wide_sum(n_inputs: int, side: int = 64) -> tuple[UOp, list[UOp], Inputs]:
+    """The sum of `n_inputs` inputs of shape (side, side), read by two reductions of different axes (two kernels)."""
     t = Inputs()
-    xs = [t(4, 4) for _ in range(n_inputs)]
+    xs = [t(side, side) for _ in range(n_inputs)]
     shared = xs[0]
     for x in xs[1:]:
         shared = add(shared, x)
@@ -424,6 +424,14 @@ def test_shared_value_with_many_inputs_is_stored() -> None:
     r = run(outs, t.data)
     assert shared in r.becomes
     assert len(r.items) == 3 and r.stores == 3
+
+
+def test_a_small_shared_value_is_recomputed_rather_than_launched() -> None:
+    # 16 elements: storing them saves a few hundred bytes, less than the launch of the kernel that would store them
+    shared, outs, t = _wide_sum(6, side=4)
+    r = run(outs, t.data)
+    assert shared not in r.becomes
+    assert len(r.items) == 2
 
 
 def test_shared_value_with_few_inputs_is_recomputed() -> None:

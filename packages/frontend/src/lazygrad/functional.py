@@ -725,4 +725,11 @@ class FunctionalMixin:
         if ignore_index is not None:
             w = w * Y.ne(ignore_index).unsqueeze(axis)
         loss = -(self * w).sum(axis)
+        if ignore_index is not None:
+            # (the gradient of an ignored label is 0 even where every label is ignored and the mean is 0 / 0, as torch)
+            loss = Y.ne(ignore_index).where(loss, 0)
+        if weight is None:
+            # the summed weights are the labels counted: no sum over the classes (a kernel of its own per row)
+            count = None if ignore_index is None else Y.ne(ignore_index).sum().cast(loss.dtype)
+            return _reduce_loss(loss, reduction, count)
         return _reduce_loss(loss, reduction, w.sum())

@@ -449,7 +449,8 @@ class _Fusion:
         return set(chosen.values())
 
     def _cheaper_stored(self, u: UOp) -> bool:
-        """Whether storing shared elementwise node `u` once moves fewer bytes than each owner recomputing it."""
+        """Whether storing shared elementwise node `u` once moves fewer bytes than each owner recomputing it, counting
+        the launch of the kernel that may store it (a mask of a few labels, read by a loss's kernels, is recomputed)."""
         owners = self.owners[u]
         k = len(owners)
         stored = max_numel(shape_of(u)) * u.dtype.itemsize
@@ -459,7 +460,7 @@ class _Fusion:
             if (n := memo.get(u)) is None:
                 n = memo[u] = _bytes_read(u, self.groups[r])
             recompute += n
-        return stored * (k + 1) + recompute // k < recompute
+        return stored * (k + 1) + recompute // k + LAUNCH_OPS // OPS_PER_BYTE < recompute
 
 
 class _ReductionsBelow:

@@ -75,8 +75,8 @@ def merge_row_values(
     kernels: list[list[UOp]], groups: Mapping[UOp, _Group], direct: Mapping[UOp, set[UOp]]
 ) -> list[list[UOp]]:
     """`kernels` (lists of roots, producers first) with the kernels of row values moved into the kernel that reads
-    them, and kernels of row values over the same rows that read a common input and don't need each other merged
-    into one (their reductions then share the loops over the row). `groups` maps each root to its `_Group`, `direct`
+    them, and kernels of row values over the same rows that don't need each other merged into one where they read a
+    common input or one kernel reads both (their reductions then share the loops over the row). `groups` maps each root to its `_Group`, `direct`
     each root to the roots it reads."""
     return _Merger(kernels, groups, direct).run()
 
@@ -123,13 +123,20 @@ class _Merger:
         for j in self.rows:
             if j >= i:
                 break
-            if j in read or self.kinds[j] != kind or self._inputs(i).isdisjoint(self._inputs(j)):
+            if j in read or self.kinds[j] != kind:
+                continue
+            if self._inputs(i).isdisjoint(self._inputs(j)) and not self._read_together(i, j):
                 continue
             if not self._path_through_other(i, j, direct_too=True) and not self._path_through_other(
                 j, i, direct_too=True
             ):
                 return j
         return None
+
+    def _read_together(self, i: int, j: int) -> bool:
+        """Whether some kernel reads both kernel `i` and kernel `j` (log_softmax's backward: the sum of the incoming
+        gradient and the max and sum of exponentials of the input, both read by the gradient's kernel)."""
+        return any(i in self._deps(k) and j in self._deps(k) for k, roots in enumerate(self.kernels) if roots)
 
     def _inputs(self, i: int) -> set[UOp]:
         if i not in self.inputs:
