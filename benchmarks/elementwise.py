@@ -15,6 +15,7 @@ Columns:
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -127,7 +128,12 @@ def _case(copier: Copier, case: Case, arrays: list[np.ndarray], tensors: list[Te
     )
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    """The table for the cases named (every case, and the allocator's copies, when none is)."""
+    cases = [c for c in CASES if c.name in names] if names else CASES
+    if len(cases) < len(names):
+        unknown = sorted(set(names) - {c.name for c in CASES})
+        raise SystemExit(f"unknown cases {unknown}; known: {[c.name for c in CASES]}")
     rng = np.random.default_rng(0)
     print(f"device {Device.DEFAULT}, {machine()}")
     met = []
@@ -137,7 +143,8 @@ def main() -> None:
         arrays = [rng.standard_normal(n, dtype=np.float32) for _ in range(2)]
         tensors = [Tensor(a).realize() for a in arrays]
         copier = Copier(mib * 2**20)
-        rows = _host_copies(copier, arrays[0], runs) + [_case(copier, c, arrays, tensors, runs) for c in CASES]
+        rows = [] if names else _host_copies(copier, arrays[0], runs)
+        rows += [_case(copier, c, arrays, tensors, runs) for c in cases]
         copier.close()
         print(f"\n{mib} MiB float32 (copy: numpy copying {mib} MiB, best of one thread and all cores, per row)")
         print(
@@ -160,4 +167,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", default=[], help="run only this case (repeatable), e.g. 'x.sum()'")
+    # (`nox -s bench -- ...` hands every benchmark the same arguments: the others' are ignored here)
+    main(parser.parse_known_args()[0].case)

@@ -82,11 +82,16 @@ def test_row_reductions_are_two_programs_that_nvrtc_compiles(renderer: CUDARende
             assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
 
 
-@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+@pytest.mark.parametrize("kind", ["softmax", "layernorm", "log_softmax", "rmsnorm", "cross_entropy"])
 def test_row_backward_is_two_programs_with_one_loop_that_nvrtc_compiles(renderer: CUDARenderer, kind: str) -> None:
-    # the gradient's sums over the row join the recomputed forward reductions' one loop (online reductions)
+    # the gradient's sums over the row join the recomputed forward reductions' one loop (online reductions; the sum
+    # of log_softmax's incoming gradient, or of cross-entropy's one-hot target, beside them)
     x = Tensor.empty(4096, 4096, device="PYTHON", requires_grad=True)
-    getattr(x, kind)(-1).backward(_t(4096, 4096))
+    if kind == "cross_entropy":
+        labels = Tensor(list(range(4096)), dtype=dtypes.int32, device="PYTHON")
+        x.cross_entropy(labels).backward()
+    else:
+        getattr(x, kind)(-1).backward(_t(4096, 4096))
     specs = programs(x.grad, renderer)
     assert len(specs) == 2, [s.name for s in specs]
     assert specs[0].src.count("for (") == 1, specs[0].src

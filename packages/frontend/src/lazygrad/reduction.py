@@ -136,6 +136,9 @@ class ReductionMixin:
     def logsumexp(self: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(x))) over `axis`, computed stably."""
         x = self.cast(least_upper_float(self.dtype))
+        if isinstance(count := x._reduced_count(axis, keepdim), int) and count == 0:
+            # the log of an empty sum, as torch (an empty axis has no max to shift by)
+            return type(self).full(x.sum(axis, keepdim).shape, -math.inf, dtype=x.dtype, device=x.device)
         m = x._shifted_max(axis)
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.reshape(x.sum(axis).shape)
