@@ -32,7 +32,10 @@ Later sums over the same rows whose sources are sums of products of the term (or
 values reading no reduction (weights: the incoming gradient) and values of the rows (factors: `1 / S`, the variance,
 an earlier such sum) join the loop too (the backward passes of softmax and layernorm): softmax's weighted sums are
 rescaled with S; for the deviation, the loop keeps each weight's sum and its sum times `x - K`, and
-`sum(W * (x - a)) = sum(W * (x - K)) - t * sum(W)`.
+`sum(W * (x - a)) = sum(W * (x - K)) - t * sum(W)`. Sums linear in softmax's `d = x - max(x)` (cross-entropy's sum of
+the target times log_softmax, `d - log(S)`) join the loop the same way: each weight's sum and its sum times `x - m`
+from the running max `m`, moved by `-(m' - m) * sum(W)` whenever the max rises to `m'`, so the loss reads the logits
+once.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ class OnlineSoftmax:
     total: UOp
     scale: float
     weighted: tuple[tuple[UOp, UOp | None, UOp | None], ...] = ()
+    # `d = x - max(x)`, the node the sum's exponent reads
+    deviation: UOp | None = None
+    # sums linear in `d` (cross-entropy's sum of the target times log_softmax, `d - log(S)`): the weights (None for
+    # 1) whose sums and sums times `d` the loop keeps, and the reductions computed from them, as in `OnlineVariance`
+    weights: tuple[UOp | None, ...] = ()
+    linear: tuple[tuple[UOp, tuple[tuple[UOp | None, int, int], ...]], ...] = ()
 
 
 def _const(u: UOp) -> float | None:
@@ -104,7 +113,7 @@ def _online_softmax(total: UOp) -> OnlineSoftmax | None:
             and peak.dtype == total.dtype
             and not any(u.op is Ops.REDUCE_AXIS for u in x.toposort)
         ):
-            return OnlineSoftmax(peak, total, float(c))
+            return OnlineSoftmax(peak, total, float(c), deviation=diff)
     return None
 
 
@@ -185,11 +194,15 @@ def find_online(k: Kernel) -> dict[UOp, Pair]:
         for pair in {id(p): p for p in out.values() if isinstance(p, OnlineSoftmax)}.values():
             if (found := _weighted(red, pair)) is not None:
                 grown = dataclasses.replace(pair, weighted=(*pair.weighted, found))
-                for r, p in list(out.items()):
-                    if p is pair:
-                        out[r] = grown
-                out[red] = grown
-                break
+            elif _reads_the_pair(red, pair) and _linear(red, pair) is not None:
+                grown = _with_linear(pair, red)
+            else:
+                continue
+            for r, p in list(out.items()):
+                if p is pair:
+                    out[r] = grown
+            out[red] = grown
+            break
     return out
 
 
@@ -198,7 +211,7 @@ Monomial = tuple[list[UOp], list[UOp], int]
 MAX_MONOMIALS = 16
 
 
-def _expand(u: UOp, pair: OnlineVariance, rows: set[UOp]) -> list[Monomial] | None:
+def _expand(u: UOp, pair: Pair, rows: set[UOp]) -> list[Monomial] | None:
     """`u` as a sum of monomials (row factors, weight factors, power of the pair's deviation `d`): ADDs and MULs of
     `d`, of values reading no reduction (weights) and of values reading only the reductions `rows` (row factors);
     None for anything else."""
@@ -219,19 +232,20 @@ def _expand(u: UOp, pair: OnlineVariance, rows: set[UOp]) -> list[Monomial] | No
     return None
 
 
-def _linear(red: UOp, pair: OnlineVariance) -> list[Monomial] | None:
+def _linear(red: UOp, pair: Pair) -> list[Monomial] | None:
     """`red` as monomials of at most the first power of the pair's deviation (`_expand`), when it sums over the
     pair's rows in its dtype and reads the pair's results and earlier such sums only as row factors."""
     if pair.deviation is None or red.arg[1] != pair.total.arg[1] or red.dtype != pair.total.dtype:
         return None
-    rows = {pair.total, pair.squares, *(r for r, _ in pair.linear)}
+    results = (pair.total, pair.squares) if isinstance(pair, OnlineVariance) else (pair.peak, pair.total)
+    rows = {*results, *(r for r, _ in pair.linear)}
     terms = _expand(red.src[0], pair, rows)
     if terms is None or any(p > 1 for _, _, p in terms):
         return None
     return terms
 
 
-def _with_linear(pair: OnlineVariance, red: UOp) -> OnlineVariance:
+def _with_linear(pair: Pair, red: UOp) -> Pair:
     """`pair` also computing `red` (`_linear` holds) from sums of weights kept in its loop."""
     terms = _linear(red, pair)
     assert terms is not None
@@ -243,6 +257,11 @@ def _with_linear(pair: OnlineVariance, red: UOp) -> OnlineVariance:
             weights.append(w)
         monomials.append((_product(coef), weights.index(w), power))
     return dataclasses.replace(pair, weights=tuple(weights), linear=(*pair.linear, (red, tuple(monomials))))
+
+
+def _reads_the_pair(red: UOp, pair: OnlineSoftmax) -> bool:
+    """Whether `red`'s source reads the pair's max or sum: a sum reading neither is a plain reduction beside them."""
+    return any(u is pair.peak or u is pair.total for u in red.src[0].toposort)
 
 
 def _factors(u: UOp) -> list[UOp]:
@@ -315,10 +334,17 @@ def _rescale(m: UOp, new_m: UOp, c: float) -> UOp:
     return m.eq(new_m).where(_splat(m, 1.0), _exp2_scaled(m - new_m, c))
 
 
+def _raise(m: UOp, new_m: UOp) -> UOp:
+    """new_m - m, 0 where the max did not change or was -inf (a part of -inf elements only, whose sums of
+    `x - m` are then -inf or NaN already, as the nested form's `x - max` of them)."""
+    zero = _splat(m, 0.0)
+    return m.eq(new_m).where(zero, m.eq(_splat(m, -math.inf)).where(zero, new_m - m))
+
+
 def _identities(pair: Pair) -> tuple[float, ...]:
     """Each state component's value before any element: (max, sum) or (count, mean(d), M2(d), sum(d), sum(x))."""
     if isinstance(pair, OnlineSoftmax):
-        return (-math.inf, 0.0) + (0.0,) * len(pair.weighted)
+        return (-math.inf, 0.0) + (0.0,) * len(pair.weighted) + (0.0, 0.0) * len(pair.weights)
     return (0.0, 0.0, 0.0, 0.0, 0.0) + (0.0, 0.0) * len(pair.weights)
 
 
@@ -327,7 +353,14 @@ def _combine(pair: Pair, a: State, b: State) -> State:
     if isinstance(pair, OnlineSoftmax):
         m = a[0].alu(Ops.MAX, b[0])
         ra, rb = _rescale(a[0], m, pair.scale), _rescale(b[0], m, pair.scale)
-        return (m, *(x * ra + y * rb for x, y in zip(a[1:], b[1:], strict=True)))
+        n = 2 + len(pair.weighted)
+        scaled = (x * ra + y * rb for x, y in zip(a[1:n], b[1:n], strict=True))
+        # sums of weights times `x - m`, moved to the joint max: minus the max's raise times the weights' sum
+        sa, sb = _raise(a[0], m), _raise(b[0], m)
+        linear = []
+        for j in range(n, len(a), 2):
+            linear += [a[j] + b[j], (a[j + 1] - sa * a[j]) + (b[j + 1] - sb * b[j])]
+        return (m, *scaled, *linear)
     (na, ma, qa, *sa), (nb, mb, qb, *sb) = a, b
     n = na + nb
     # (a part of no elements, a padded lane's, leaves the other as it is)
@@ -345,12 +378,15 @@ def _step(
     shift: UOp | None,
     step: UOp | None = None,
     weights: list[list[UOp] | None] | None = None,
+    linear: list[list[UOp] | None] | None = None,
 ) -> State:
     """The state after one loop step reading the vectors `xs` (one lane per accumulator lane each; `valid` says
     which lanes hold elements where the rows are padded; `shift` the first element of each lane's row; `step`, where
     every lane counts the same elements, the index of the step in the only reduce loop, which gives the counts;
-    `weights` the weights of each weighted sum, like `xs`, None for a weight of 1)."""
+    `weights` the weights of each weighted sum, like `xs`, None for a weight of 1; `linear` those of each sum linear
+    in a softmax's `x - max`)."""
     if isinstance(pair, OnlineSoftmax):
+        raw = xs
         m, *sums = state
         # padded elements read as -inf: no effect on the max, 0 in the sum
         if valid is not None:
@@ -360,13 +396,27 @@ def _step(
             peak = peak.alu(Ops.MAX, x)
         new_m = m.alu(Ops.MAX, peak)
         scale = _rescale(m, new_m, pair.scale)
-        sums = [v * scale for v in sums]
+        # (the sums of exponentials; the sums linear in x - max move with the max below)
+        n = 1 + len(pair.weighted)
+        sums = [v * scale for v in sums[:n]] + sums[n:]
         for i, x in enumerate(xs):
             # an element of -inf adds 0 even while the max is still -inf (where (x - m) would be NaN)
             term = x.eq(_splat(x, -math.inf)).where(_splat(x, 0.0), _exp2_scaled(x - new_m, pair.scale))
             sums[0] = sums[0] + term
             for j, w in enumerate(weights or []):
                 sums[j + 1] = sums[j + 1] + (term if w is None else w[i] * term)
+        shift = _raise(m, new_m)
+        for j, w in enumerate(linear or []):
+            sw, swd = sums[n + 2 * j], sums[n + 2 * j + 1] - shift * sums[n + 2 * j]
+            for i, x in enumerate(raw):
+                zero = _splat(x, 0.0)
+                # x - max as the nested form has it once the max is known: -inf for an element of -inf
+                d = x.eq(_splat(x, -math.inf)).where(x, x - new_m)
+                wi = _splat(x, 1.0) if w is None else w[i]
+                if valid is not None:
+                    d, wi = valid[i].where(d, zero), valid[i].where(wi, zero)
+                sw, swd = sw + wi, swd + wi * d
+            sums[n + 2 * j], sums[n + 2 * j + 1] = sw, swd
         return (new_m, *sums)
     assert shift is not None
     zero = _splat(xs[0], 0.0)
@@ -519,10 +569,14 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         mask = vectorize([v for _, v in lw.indexed(k.reduce_mask, full)])
         valid = [gep(mask, _acc_lanes(step, n_out, n_unroll, apart, dot)) for step in steps]
     n_acc = n_out * apart
-    weights: list[list[UOp] | None] = []
-    for weight in [w for _, w, _ in pair.weighted] if isinstance(pair, OnlineSoftmax) else pair.weights:
+
+    def per_step(weight: UOp | None) -> list[UOp] | None:
         w = None if weight is None else lw.value(weight, full)
-        weights.append(None if w is None else [gep(w, _acc_lanes(st, n_out, n_unroll, apart, dot)) for st in steps])
+        return None if w is None else [gep(w, _acc_lanes(st, n_out, n_unroll, apart, dot)) for st in steps]
+
+    softmax = isinstance(pair, OnlineSoftmax)
+    weights = [per_step(w) for w in ([w for _, w, _ in pair.weighted] if softmax else pair.weights)]
+    linear = [per_step(w) for w in pair.weights] if softmax else None
     state: State
     shift = first_of_row = None
     if isinstance(pair, OnlineVariance):
@@ -546,24 +600,36 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
         state = (count, *(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True)))
     elif ranges:
         accs = tuple(lw._acc(dtype, n_acc, UOp.const(dtype, ident), ranges) for ident in _identities(pair))
-        new = _step(pair, accs, slices, valid, shift, weights=weights)
+        new = _step(pair, accs, slices, valid, shift, weights=weights, linear=linear)
         state = tuple(UOp(Ops.ASSIGN, a.dtype, (a, v)) for a, v in zip(accs, new, strict=True))
     else:
         start = tuple(vectorize([UOp.const(dtype, ident)] * n_acc) for ident in _identities(pair))
-        state = _step(pair, start, slices, valid, shift, weights=weights)
+        state = _step(pair, start, slices, valid, shift, weights=weights, linear=linear)
     state = _fold(pair, state, n_out, apart, dot)
     if k.axes(AxisType.GROUP_REDUCE):
         state = _group(lw, pair, state)
     if isinstance(pair, OnlineSoftmax):
         m, *sums = state
-        # a row of -inf only: the nested form's sum of exp2((-inf - -inf) * c) is NaN (an empty row keeps its 0)
+        n = 1 + len(pair.weighted)
+        sums, lin = sums[:n], sums[n:]
+        # a row of -inf only: the nested form's sum of exp2((-inf - -inf) * c) is NaN (an empty row keeps its 0), and
+        # so is each sum of weights times x - max
         if all(isinstance(n, int) and n > 0 for n in (k.full_shape[a] for a in _reduced_axes(k))):
             sums = [m.eq(_splat(m, -math.inf)).where(_splat(v, math.nan), v) for v in sums]
+            lin = [
+                v if j % 2 == 0 else m.eq(_splat(m, -math.inf)).where(_splat(v, math.nan), v) for j, v in enumerate(lin)
+            ]
         out = {pair.peak: m, pair.total: sums[0]}
         lw.memo[("online", pair.peak)], lw.memo[("online", pair.total)] = m, sums[0]
         for (red, _, row), v in zip(pair.weighted, sums[1:], strict=True):
             # the factor of every element of the row, known now (it reads the pair's results)
             out[red] = v if row is None else v * lw.value(row, lw.out)
+        # each sum times x - max read through its weights' sum times (max - max), 0 for a finite max and NaN where the
+        # sum is NaN anyway (a max of +inf): the weights' sum, which the loop's update of the other reads, is then
+        # kept (an accumulator only an unused result reads would be left out of the loop)
+        live = m - m
+        lin = [v if j % 2 == 0 else v + lin[j - 1] * live for j, v in enumerate(lin)]
+        out.update(_linear_sums(lw, pair.linear, lin, None))
         return out
     count, mean, m2, deviations, plain, *sums = state
     assert first_of_row is not None
@@ -581,15 +647,30 @@ def lower_online(lw: _Lowerer, pair: Pair) -> dict[UOp, UOp]:
     off = mean - t
     out = {pair.total: total, pair.squares: m2 + count * off * off}
     lw.memo[("online", pair.squares)] = out[pair.squares]
-    for red, monomials in pair.linear:
-        # sum(W * (x - a)) = sum(W * d) - t * sum(W) with d = x - K and t = a - K; row factors read above the loops
+    out.update(_linear_sums(lw, pair.linear, sums, t))
+    return out
+
+
+def _linear_sums(
+    lw: _Lowerer,
+    linear: tuple[tuple[UOp, tuple[tuple[UOp | None, int, int], ...]], ...],
+    sums: list[UOp],
+    t: UOp | None,
+) -> list[tuple[UOp, UOp]]:
+    """Each sum of `linear` from the weights' sums and sums times the deviation the loop kept (`sums`, in pairs), one
+    after the other (a later one's row factors may read an earlier one). For a variance `sum(W * (x - a)) =
+    sum(W * d) - t * sum(W)` with `d = x - K`, `t = a - K`; for a softmax `t` is None, the loop's deviation `x - max`
+    the sum's own. Row factors read above the loops."""
+    out = []
+    for red, monomials in linear:
         value = None
         for coef, j, power in monomials:
-            term = sums[2 * j] if power == 0 else sums[2 * j + 1] - t * sums[2 * j]
+            term = sums[2 * j] if power == 0 else sums[2 * j + 1] if t is None else sums[2 * j + 1] - t * sums[2 * j]
             term = term if coef is None else lw.value(coef, lw.out) * term
             value = term if value is None else value + term
         assert value is not None
-        out[red] = lw.memo[("online", red)] = value
+        lw.memo[("online", red)] = value
+        out.append((red, value))
     return out
 
 
