@@ -100,6 +100,19 @@ def test_row_backward_is_two_programs_with_one_loop_that_nvrtc_compiles(renderer
             assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
 
 
+def test_cross_entropy_is_a_workgroup_per_row_with_one_loop_then_the_mean(renderer: CUDARenderer) -> None:
+    # the max, the sum of exponentials and the sum of the target times log_softmax in one loop over each row
+    x = _t(4096, 4096)
+    specs = programs(x.cross_entropy(Tensor(list(range(4096)), dtype=dtypes.int32, device="PYTHON")), renderer)
+    assert len(specs) == 2, [s.name for s in specs]
+    first = specs[0]
+    assert math.prod(first.global_size) == 4096 and math.prod(first.local_size) >= 128
+    assert first.src.count("for (") == 1, first.src
+    for spec in specs:
+        for arch in ARCHS:
+            assert nvrtc_compile(spec.src, arch).cubin, f"{spec.name} for {arch}"
+
+
 def test_the_fp16_add_has_at_least_128_threads_per_workgroup(renderer: CUDARenderer) -> None:
     (spec,) = programs(_t(2**26, dtype=dtypes.float16) + _t(2**26, dtype=dtypes.float16), renderer)
     assert 128 <= math.prod(spec.local_size) <= 512
