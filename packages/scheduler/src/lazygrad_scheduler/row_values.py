@@ -76,8 +76,8 @@ def merge_row_values(
 ) -> list[list[UOp]]:
     """`kernels` (lists of roots, producers first) with the kernels of row values moved into the kernel that reads
     them, and kernels of row values over the same rows that don't need each other merged into one where they read a
-    common input or one kernel reads both (their reductions then share the loops over the row). `groups` maps each root to its `_Group`, `direct`
-    each root to the roots it reads."""
+    common input or one kernel reads both (their reductions then share the loops over the row). `groups` maps each
+    root to its `_Group`, `direct` each root to the roots it reads."""
     return _Merger(kernels, groups, direct).run()
 
 
