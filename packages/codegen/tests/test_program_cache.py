@@ -3,6 +3,7 @@ memory or from disk, never another kernel's or another renderer's; a damaged ent
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import tempfile
 import tomllib
@@ -120,6 +121,20 @@ def test_unpacked_uops_are_built_on_first_use_and_read_as_the_list(a: UOp, r: CR
     assert lazy + [ref[0]] == [*ref, ref[0]] and lazy.copy() == ref and bool(lazy) == bool(ref)
     # packed again (a spec read from the cache, stored under another key) it is the same program
     assert same_program(pc.unpack_spec(pc.pack_spec(got)), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=kernels(), r=st.sampled_from(RENDERERS), data=st.data())
+def test_packing_keeps_uops_in_any_order(a: UOp, r: CRenderer, data: st.DataObject) -> None:
+    # a linear program lists each node after its sources, which packing relies on to add one row per node; a list in
+    # another order (some nodes before their sources) must come back the same all the same
+    with Context(PROGRAM_CACHE=0):
+        want = get_program(a, r)
+    order = data.draw(st.permutations(want.uops))
+    shuffled = dataclasses.replace(want, uops=list(order))
+    got = pc.unpack_spec(pc.pack_spec(shuffled))
+    assert list(got.uops) == list(order)
+    assert all(x is y for x, y in zip(got.uops, order))
 
 
 @settings(max_examples=40, deadline=None)

@@ -175,12 +175,22 @@ class _SpecPickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> int | None:
         if type(obj) is not UOp:
             return None
-        if obj not in self.index:
+        index = self.index
+        if (at := index.get(obj)) is not None:
+            return at
+        try:
+            # the linear program lists every node after its sources: each new one is one row, no walk of the graph
+            # (a node's toposort is a copy of all that is under it, quadratic over a program)
+            srcs = tuple(map(index.__getitem__, obj.src))
+        except KeyError:
             for u in obj.toposort:
-                if u not in self.index:
-                    self.table.append((u.op, u.dtype, tuple(self.index[s] for s in u.src), u.arg))
-                    self.index[u] = len(self.index)
-        return self.index[obj]
+                if u not in index:
+                    self.table.append((u.op, u.dtype, tuple(index[s] for s in u.src), u.arg))
+                    index[u] = len(index)
+            return index[obj]
+        self.table.append((obj.op, obj.dtype, srcs, obj.arg))
+        index[obj] = at = len(index)
+        return at
 
 
 class _SpecUnpickler(pickle.Unpickler):
