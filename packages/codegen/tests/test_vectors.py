@@ -4,17 +4,20 @@ CPU for every dtype against the unoptimised (scalar) kernel."""
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar
 
 import numpy as np
 import pytest
 from codegen_cases import (
+    all_cases,
     check,
     column_sum,
     cpu_device,
     elementwise,
     load,
     matmul,
+    random_opts,
     row_reduce,
     run_device,
     sink,
@@ -23,11 +26,15 @@ from codegen_cases import (
     transpose_pad,
 )
 
-from lazygrad_codegen import CRenderer, LLVMRenderer, Opt, OptOps, get_program
-from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, vectorize
+from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program
+from lazygrad_codegen.division import guard_divisions
+from lazygrad_codegen.lowerer import lower
+from lazygrad_codegen.program import _simplify_rules
+from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, split_rules, vectorize
 from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.pattern import graph_rewrite
 from lazygrad_uop.uop import UOp
 
 
@@ -265,3 +272,17 @@ def test_c_style_dialects_render_vectors_local_memory_and_barriers() -> None:
     assert "threadIdx.x" in src and "if (" in src  # only the first thread of each group stores the result
     with pytest.raises(NotImplementedError, match="no workgroup barrier"):
         get_program(row_reduce(Ops.ADD, 8, 64).ast, type("NoBarrier", (CudaLike,), {"barrier": ""})(), opts)
+
+
+@pytest.mark.parametrize("renderer", [Narrow(), LLVMRenderer()], ids=["width4", "width8"])
+def test_cut_vectors_skips_the_walk_not_the_result(renderer: LLVMRenderer) -> None:
+    # the cut marks the chunks it builds as final (`mark_fixed_points`), which only a memo rewrite believes: the same
+    # graph cut by the plain rewrite, which walks every node, must come out the very same nodes
+    rng = random.Random(16)
+    for case in all_cases():
+        for opts in ([], *(random_opts(Kernel(case.ast, renderer), rng, rng.randint(1, 4)) for _ in range(3))):
+            k = Kernel(case.ast, renderer).apply_opts(list(opts))
+            lowered = graph_rewrite(guard_divisions(lower(k, renderer.vector_width).sink), _simplify_rules)
+            rules, width = split_rules(renderer.vector_width)
+            want = graph_rewrite(lowered, rules, ctx=width)
+            assert graph_rewrite(lowered, rules, ctx=width, memo=True) is want, f"{case.name} {opts}"

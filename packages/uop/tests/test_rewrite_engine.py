@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lazygrad_uop import Ops, PatternMatcher, UOp, UPat, dtypes, graph_rewrite
-from lazygrad_uop.pattern import _compile, _walk
+from lazygrad_uop.pattern import _compile, _walk, mark_fixed_points
 from lazygrad_uop.symbolic import symbolic
 from lazygrad_uop.uop import _arg_key
 
@@ -178,3 +178,22 @@ def test_the_symbolic_rules_are_compiled() -> None:
     # the fast path is the one taken: every rule binding one way has its compiled function
     entries = [e for per_op in symbolic._by_value for e in per_op]
     assert entries and all((e[3] is not None) == e[0]._single for e in entries)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(int_graph(5), st.data())
+def test_nodes_marked_fixed_are_taken_as_they_are(u: UOp, data: st.DataObject) -> None:
+    # a rule set that would rewrite every addition: a node marked as a fixed point (with everything under it) is left
+    # alone by memo=True rewrites with that matcher and context, and by nothing else
+    pm = PatternMatcher([(UPat(Ops.ADD, name="x"), lambda x: UOp(Ops.NOOP, dtypes.int32, x.src, "add"))])
+    nodes = list(u.toposort)
+    marked = data.draw(st.sampled_from(nodes))
+    mark_fixed_points(pm, "marked", [marked])
+    rules = [(UPat(Ops.ADD, name="x"), lambda x: UOp(Ops.NOOP, dtypes.int32, x.src, "add"))]
+    # the reference: the marked node replaced by itself before rewriting (a placeholder no rule matches stands in)
+    hole = UOp.variable("marked-placeholder", 0, 0)
+    want = ref_graph_rewrite(u.substitute({marked: hole}), rules).substitute({hole: marked})
+    assert graph_rewrite(u, pm, ctx="marked", memo=True) is want
+    # other contexts, and rewrites without the memo, walk every node as before
+    assert graph_rewrite(u, pm, ctx="other", memo=True) is ref_graph_rewrite(u, rules)
+    assert graph_rewrite(u, pm, ctx="marked") is ref_graph_rewrite(u, rules)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
-from lazygrad_uop.pattern import PatternMatcher, UPat
+from lazygrad_uop.pattern import PatternMatcher, UPat, mark_fixed_points
 from lazygrad_uop.uop import UOp
 
 # *** building vectors ***
@@ -117,7 +117,12 @@ def _split_alu(ctx: int, x: UOp) -> UOp | None:
     for lanes in _chunks(count, width):
         dtype = vec(x.dtype.scalar(), len(lanes))
         parts.append(UOp(x.op, dtype, tuple(gep(s, lanes) for s in x.src), x.arg))
-    return concat(parts)
+    out = concat(parts)
+    # x's sources are rewritten already (the cut runs bottom-up), so the chunks and the lanes `concat` picks from
+    # them, all made by the constructors the folding rules apply, are final: the rewrite needn't walk the hundreds of
+    # thousands of lane nodes of a model's cut vectors to find that out
+    mark_fixed_points(_split, width, (*parts, *out.src, out) if out.op is Ops.VECTORIZE else parts)
+    return out
 
 
 def _split_acc(ctx: int, acc: UOp) -> UOp | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from lazygrad_uop.config import ContextVar
@@ -382,6 +382,18 @@ _MEMO_SERIAL = itertools.count()
 # what a node's memo entry holds when the node is its own result: storing the node itself would make a reference
 # cycle, leaving every such node to the cycle collector
 _FIXED = True
+
+
+def mark_fixed_points(pm: PatternMatcher, ctx: Any, nodes: Iterable[UOp]) -> None:
+    """Record that each of `nodes`, and every node under it, is a fixed point of `pm` with `ctx` (no rule applies
+    there): `graph_rewrite(..., memo=True)` with them then takes each node as it is, without walking under it.
+
+    For a rule that builds a result it knows to be final (the chunks of a cut vector, made of nodes already
+    rewritten by the same canonical constructors the rules apply), where walking it would only confirm that. The
+    claim must be true whatever graph the nodes later appear in; a false one leaves nodes unrewritten."""
+    attr = _memo_attr(pm, ctx)
+    for u in nodes:
+        u.__dict__.setdefault(attr, _FIXED)
 
 
 def graph_rewrite(
