@@ -32,8 +32,10 @@ number is not a power of two). A reduction on tensor cores is a chain of `WMMA` 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 
 from lazygrad_codegen.heuristic import accumulator_budget
@@ -119,7 +121,14 @@ class _Lanes:
         return math.prod(self.sizes)
 
     def coords(self) -> list[dict[int | str, int]]:
-        return [dict(zip(self.axes, c, strict=True)) for c in itertools.product(*(range(s) for s in self.sizes))]
+        """The coordinate of each lane ({axis: position}, outermost axis slowest); read-only, shared between calls."""
+        return list(_coords(self.axes, self.sizes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _coords(axes: tuple[int | str, ...], sizes: tuple[int, ...]) -> tuple[dict[int | str, int], ...]:
+    # every view a kernel reads asks for its context's lanes, up to a thousand of them: built once per layout
+    return tuple(dict(zip(axes, c, strict=True)) for c in itertools.product(*(range(s) for s in sizes)))
 
 
 def _identity(op: Ops, dtype: DType) -> UOp:
@@ -292,6 +301,13 @@ class _Lowerer:
             known = self.memo[key] = [self.idxs(lanes, coord) for coord in lanes.coords()]  # type: ignore[assignment]
         return known  # type: ignore[return-value]
 
+    def first_idxs(self, lanes: _Lanes) -> list[UOp]:
+        """`idxs` of lane 0 of `lanes` (every lane axis at 0), without those of all lanes that `lane_idxs` builds."""
+        key = ("first idxs", lanes, lanes is self.out)
+        if (first := self.memo.get(key)) is None:
+            first = self.memo[key] = self.idxs(lanes, dict.fromkeys(lanes.axes, 0))  # type: ignore[assignment]
+        return first  # type: ignore[return-value]
+
     def indexed(self, view: UOp, lanes: _Lanes) -> list[tuple[UOp, UOp]]:
         """(index, valid) of `view` for each lane: from one symbolic index of all lanes (`lane_indexed`), or built
         lane by lane where the lanes' indices aren't constants (pinned lanes, tensor-core operands)."""
@@ -299,6 +315,12 @@ class _Lowerer:
         relevant = relevant_axes(st)
         if (by_lane := self.lane_indexed(view, relevant, lanes)) is not None:
             return by_lane
+        if not lanes.pins and not lanes.operand and not any(a in relevant for a in lanes.axes):
+            # no lane moves the view: every lane reads what lane 0 reads (the memo below would find that lane by lane)
+            key = ("index", view, tuple(self.first_idxs(lanes)[a] for a in relevant))
+            if key not in self.memo:
+                self.memo[key] = st.to_indexed_uops(self.first_idxs(lanes))  # type: ignore[assignment]
+            return [self.memo[key]] * lanes.n  # type: ignore[list-item]
         out = []
         for idxs in self.lane_idxs(lanes):
             key = ("index", view, tuple(idxs[a] for a in relevant))
@@ -314,10 +336,7 @@ class _Lowerer:
         lane_axes = [a for a in lanes.axes if isinstance(a, int) and a in relevant]
         if lanes.pins or lanes.operand or not lane_axes:
             return None
-        # the indices of lane 0 (every lane constant 0), without those of all lanes that `lane_idxs` builds
-        first_key = ("first idxs", lanes, lanes is self.out)
-        if (first := self.memo.get(first_key)) is None:  # type: ignore[assignment]
-            first = self.memo[first_key] = self.idxs(lanes, dict.fromkeys(lanes.axes, 0))  # type: ignore[assignment]
+        first = self.first_idxs(lanes)
         key = ("lanes", view, tuple(first[a] for a in relevant), lanes.axes, lanes.sizes)
         if key in self.memo:
             return self.memo[key]  # type: ignore[return-value]
@@ -705,13 +724,16 @@ def lane_offsets(
     in_valid = [(a, v) for a, v in variables.items() if v in valid.toposort]
     valids: dict[tuple[int, ...], UOp] = {}
     # lanes that differ only along axes the view doesn't read share their pair
-    pairs: dict[tuple[int, ...], tuple[UOp, UOp]] = {}
+    pairs: dict[object, tuple[UOp, UOp]] = {}
+    # a lane's coordinates along the variables (one int for one variable): the key its pair is shared under
+    lane_of = operator.itemgetter(*variables) if variables else lambda coord: ()
+    terms_of = [(a, c) for a, v in variables.items() if (c := coeff[v])]
     out = []
     for coord in coords:
-        if (pair := pairs.get(lane := tuple(coord[a] for a in variables))) is not None:
+        if (pair := pairs.get(lane := lane_of(coord))) is not None:
             out.append(pair)
             continue
-        off = const + sum(c * coord[a] for a, v in variables.items() if (c := coeff[v]))
+        off = const + sum(c * coord[a] for a, c in terms_of)
         if base is None:
             lane_idx = UOp.const(idx.dtype, off)
         else:
