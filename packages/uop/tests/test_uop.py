@@ -95,6 +95,22 @@ def test_consts_of_distinct_values_and_dtypes_are_distinct() -> None:
     assert nan is UOp.const(dtypes.float32, math.nan)  # same bits, same node, though nan != nan
 
 
+@given(st.sampled_from([dtypes.float32, dtypes.int32, dtypes.bool, dtypes.float16]), st.integers(1, 20), st.booleans())
+def test_lanes_are_the_interned_gep_nodes(dtype: DType, count: int, built_first: bool) -> None:
+    # `lanes` files its nodes under the interner's own keys: whichever way a lane is built first, both ways give the
+    # very node (with the GEP's fields), and a scalar is its own only lane
+    v = UOp(Ops.VECTORIZE, dtype.vec(count), tuple(UOp.variable(f"l{i}", 0, 9).cast(dtype) for i in range(count)))
+    v = v if count > 1 else v.src[0]
+    by_call = [UOp(Ops.GEP, dtype, (v,), (i,)) for i in range(count)] if built_first and count > 1 else None
+    lanes = v.lanes()
+    if count == 1:
+        assert lanes == (v,)
+        return
+    want = by_call or [UOp(Ops.GEP, dtype, (v,), (i,)) for i in range(count)]
+    assert len(lanes) == count and all(a is b for a, b in zip(lanes, want))
+    assert all((g.op, g.dtype, g.src, g.arg) == (Ops.GEP, dtype, (v,), (i,)) for i, g in enumerate(lanes))
+
+
 def test_different_sources_make_different_nodes() -> None:
     x, y = UOp.variable("x", 0, 5), UOp.variable("y", 0, 5)
     assert x + y is not y + x and x + y is not x + x

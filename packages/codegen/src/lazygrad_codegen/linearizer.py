@@ -85,8 +85,14 @@ def linearize(sink: UOp) -> list[UOp]:
     scope: dict[UOp, frozenset[UOp]] = {}
     provides: dict[UOp, frozenset[UOp]] = {}
     all_outputs = frozenset(output_loops)
+    no_loops: frozenset[UOp] = frozenset()
     for u in topo:
-        inherited: frozenset[UOp] = frozenset().union(*(provides[s] for s in _sources(u)))
+        # the union of the sources' loops, which are most often one set shared by all: no new set then
+        inherited = no_loops
+        for s in _sources(u):
+            p = provides[s]
+            if p is not inherited and p:
+                inherited = p if not inherited else inherited if p <= inherited else inherited | p
         if u.op is Ops.RANGE:
             scope[u] = provides[u] = inherited | {u}
         elif u.op is Ops.DEFINE_ACC:
@@ -119,10 +125,14 @@ def linearize(sink: UOp) -> list[UOp]:
     params += sorted((u for u in topo if u.op is Ops.SPECIAL), key=lambda u: u.arg[0])
     params += [u for u in topo if u.op is Ops.DEFINE_LOCAL]
     placed_in: dict[UOp, _Block] = {}
+    # ops share a few scopes: each is placed once
+    block_for: dict[frozenset[UOp], _Block] = {}
     for u in topo:
         if u.op in _HOISTED or u.op in (Ops.RANGE, Ops.SINK):
             continue
-        b = placed_in[u] = deepest(scope[u], u)
+        if (b := block_for.get(loops := scope[u])) is None:
+            b = block_for[loops] = deepest(loops, u)
+        placed_in[u] = b
         b.ops.append(u)
 
     def path(b: _Block) -> list[_Block]:
@@ -133,7 +143,8 @@ def linearize(sink: UOp) -> list[UOp]:
             node = node.parent
         return out[::-1]
 
-    paths = {u: path(b) for u, b in placed_in.items()}
+    path_of = {id(b): path(b) for b in (root, *block_of.values())}
+    paths = {u: path_of[id(b)] for u, b in placed_in.items()}
     # the ops of each block, nested ones included (those whose path passes through it), in graph order: each block
     # reads its own rather than testing every op of the kernel
     within: dict[int, list[UOp]] = {id(b): [] for b in (root, *block_of.values())}

@@ -50,9 +50,16 @@ def vectorize(srcs: Sequence[UOp]) -> UOp:
     srcs = tuple(srcs)
     if len(srcs) == 1:
         return srcs[0]
-    if all(s.op is Ops.GEP and len(s.arg) == 1 for s in srcs) and len({s.src[0] for s in srcs}) == 1:
-        return gep(srcs[0].src[0], [s.arg[0] for s in srcs])
-    return UOp(Ops.VECTORIZE, srcs[0].dtype.vec(len(srcs)), srcs)
+    first = srcs[0]
+    if first.op is Ops.GEP and len(first.arg) == 1:
+        # single lanes all of one vector (nodes are interned: the same vector is the same object)
+        inner = first.src[0]
+        for s in srcs:
+            if s.op is not Ops.GEP or len(s.arg) != 1 or s.src[0] is not inner:
+                break
+        else:
+            return gep(inner, [s.arg[0] for s in srcs])
+    return UOp(Ops.VECTORIZE, first.dtype.vec(len(srcs)), srcs)
 
 
 def concat(parts: Sequence[UOp]) -> UOp:
@@ -60,10 +67,9 @@ def concat(parts: Sequence[UOp]) -> UOp:
     if len(parts) > 1 and all(p.dtype.count > 1 and p.op is not Ops.VECTORIZE and p.op is not Ops.GEP for p in parts):
         # vectors computed elsewhere (the chunks of a cut ALU op): their lanes are GEPs of them, which `gep` and
         # `vectorize` would build one by one; made directly (several parts: nothing folds)
-        scalar = parts[0].dtype.scalar()
-        srcs = tuple(UOp(Ops.GEP, scalar, (p,), (j,)) for p in parts for j in range(p.dtype.count))
         if len(set(parts)) > 1:
-            return UOp(Ops.VECTORIZE, scalar.vec(len(srcs)), srcs)
+            srcs = tuple(lane for p in parts for lane in p.lanes())
+            return UOp(Ops.VECTORIZE, parts[0].dtype.scalar().vec(len(srcs)), srcs)
     return vectorize([gep(p, (j,)) for p in parts for j in range(p.dtype.count)])
 
 

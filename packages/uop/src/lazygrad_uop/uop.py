@@ -74,6 +74,7 @@ def _check_fields(op: Any, src: Any) -> None:
 
 
 _CONST_VALUE = Ops.CONST._value_
+_GEP_VALUE = Ops.GEP._value_
 _NONE_TYPE = type(None)
 
 # arg types whose equality already tells apart what interning must: with the arg's type in the key, 1 and True stay
@@ -362,6 +363,24 @@ class UOp(metaclass=_UOpInterner):
         if ref is not None and (found := ref()) is not None:
             return found
         return _new_node(op, out, operands, None, key)
+
+    def lanes(self) -> tuple[UOp, ...]:
+        """Each lane of this vector as a scalar node of its own, `GEP(self, (i,))` for lane i (the node itself for a
+        scalar)."""
+        count = self.dtype.count
+        if count == 1:
+            return (self,)
+        # straight from the intern table by the key the interner files these under, as `alu` does: cutting a model's
+        # vectors to the renderer's width takes hundreds of thousands of lanes
+        scalar, src, out = self.dtype.scalar(), (self,), []
+        for i in range(count):
+            arg = (i,)
+            key = (_GEP_VALUE, scalar, src, ("ints", arg), tuple)
+            ref = _INTERNED.get(key)
+            if ref is None or (found := ref()) is None:
+                found = _new_node(Ops.GEP, scalar, src, arg, key)
+            out.append(found)
+        return tuple(out)
 
     def ufix(self, x: Any) -> UOp:
         """`x` as a UOp of this node's dtype (Python scalars become constants)."""
