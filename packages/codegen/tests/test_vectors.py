@@ -25,12 +25,23 @@ from codegen_cases import (
     store,
     transpose_pad,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program
 from lazygrad_codegen.division import guard_divisions
 from lazygrad_codegen.lowerer import lower
 from lazygrad_codegen.program import _simplify_rules
-from lazygrad_codegen.vectors import concat, gep, group_memory, memory_widths, split_rules, vectorize
+from lazygrad_codegen.vectors import (
+    concat,
+    gep,
+    group_memory,
+    grouped_loads,
+    lane_loads,
+    memory_widths,
+    split_rules,
+    vectorize,
+)
 from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -286,3 +297,24 @@ def test_cut_vectors_skips_the_walk_not_the_result(renderer: LLVMRenderer) -> No
             rules, width = split_rules(renderer.vector_width)
             want = graph_rewrite(lowered, rules, ctx=width)
             assert graph_rewrite(lowered, rules, ctx=width, memo=True) is want, f"{case.name} {opts}"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    offsets=hst.lists(hst.tuples(hst.integers(-2, 40), hst.integers(0, 2)), min_size=1, max_size=24),
+    based=hst.booleans(),
+    renderer=hst.sampled_from([Narrow(), LLVMRenderer(), Float4(), CRenderer()]),
+    dtype=hst.sampled_from([dtypes.float32, dtypes.float16, dtypes.int8]),
+)
+def test_lane_loads_are_the_scalar_loads_grouped(offsets, based: bool, renderer, dtype) -> None:
+    # the reference: one scalar load per distinct (index, valid), then `grouped_loads` over them, as lowering did
+    buf = UOp(Ops.DEFINE_GLOBAL, dtype.ptr(64), arg=1)
+    base = UOp.variable("i", 0, 3) * 8 if based else None
+    gates = [UOp.const(dtypes.bool, True), UOp.variable("g", 0, 1) < 1, UOp.variable("h", 0, 1) < 1]
+    pairs = [(UOp.const(dtypes.int32, off) if base is None else base + off, gates[g]) for off, g in offsets]
+    alt = UOp.const(dtype, 0)
+    made = {p: UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, *p)), alt, p[1])) for p in pairs}
+    grouped = grouped_loads(made.values(), renderer) if len(made) > 1 else {}
+    want = [grouped.get(made[p], made[p]) for p in pairs]
+    got = lane_loads(buf, dtype, alt, pairs, renderer)
+    assert len(got) == len(want) and all(a is b for a, b in zip(got, want))

@@ -46,7 +46,7 @@ from lazygrad_codegen.online_reductions import find_online, lower_online, pair_f
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, grouped_loads, grouped_stores, vec, vectorize
+from lazygrad_codegen.vectors import concat, gep, grouped_stores, lane_loads, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -370,19 +370,10 @@ class _Lowerer:
             indexed = self.indexed(u.src[1], lanes)
             if lanes.gate:
                 indexed = [(idx, valid & g) for (idx, valid), g in zip(indexed, lanes.gate, strict=True)]
-            alt = UOp.const(u.dtype, 0)
-            # lanes that read the same element (a view broadcast along some lane axes) share one load
-            made: dict[tuple[UOp, UOp], UOp] = {}
-            for idx, valid in indexed:
-                if (idx, valid) not in made:
-                    index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
-                    made[(idx, valid)] = UOp(Ops.LOAD, u.dtype, (index, alt, valid))
-            loads = [made[pair] for pair in indexed]
-            # lanes whose indices `lane_indexed` gave as one base plus offsets are read by vector loads right away
-            # (rather than as scalars for `group_memory` to merge after the whole kernel is simplified)
-            if len(made) > 1 and (grouped := grouped_loads(made.values(), self.k.renderer)):
-                loads = [grouped.get(ld, ld) for ld in loads]
-            return vectorize(loads)
+            # lanes that read the same element (a view broadcast along some lane axes) share one load, and lanes
+            # whose indices `lane_indexed` gave as one base plus offsets are read by vector loads right away (rather
+            # than as scalars for `group_memory` to merge after the whole kernel is simplified)
+            return vectorize(lane_loads(buf, u.dtype, UOp.const(u.dtype, 0), indexed, self.k.renderer))
         if u.op is Ops.CONST:
             value = UOp.const(u.dtype, u.arg)
             if not u.src:

@@ -16,7 +16,8 @@ A vector LOAD or STORE through `INDEX(buf, i)` reads or writes the elements i, i
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
@@ -249,8 +250,12 @@ def _runs(offsets: list[int], widths: tuple[int, ...], aligned: bool, base: UOp 
     return out
 
 
+def _offset_index(dtype: DType, base: UOp | None, offset: int) -> UOp:
+    return UOp.const(dtype, offset) if base is None else (base if offset == 0 else base + offset)
+
+
 def _index_with(idx_node: UOp, base: UOp | None, offset: int) -> UOp:
-    new_idx = UOp.const(idx_node.src[1].dtype, offset) if base is None else (base if offset == 0 else base + offset)
+    new_idx = _offset_index(idx_node.src[1].dtype, base, offset)
     return idx_node.replace(src=(idx_node.src[0], new_idx, *idx_node.src[2:]))
 
 
@@ -274,7 +279,7 @@ def grouped_loads(loads: Iterable[UOp], renderer: Renderer) -> dict[UOp, UOp]:
     if not memory_widths(renderer)[0]:
         return {}
     # same buffer, same base index, same validity and gate; lanes by constant offset
-    groups: dict[tuple, dict[int, UOp]] = defaultdict(dict)
+    keyed = []
     for u in loads:
         if u.op is not Ops.LOAD or u.dtype.count != 1 or u.src[0].op is not Ops.INDEX:
             continue
@@ -282,27 +287,68 @@ def grouped_loads(loads: Iterable[UOp], renderer: Renderer) -> dict[UOp, UOp]:
         if index.src[0].op not in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL):
             continue
         base, offset = split_offset(index.src[1])
-        key = (index.src[0], base, index.src[2:], u.src[1:], u.dtype)
-        groups[key].setdefault(offset, u)
+        keyed.append(((index.src[0], base, index.src[2:], u.src[1:], u.dtype), offset, u))
     mapping: dict[UOp, UOp] = {}
-    for (buf, base, _, extra, dtype), by_offset in groups.items():
+    for (_, base, _, extra, dtype), start, run in _load_runs(keyed, renderer):
+        wide = _wide_load(_index_with(run[0].src[0], base, start), extra, dtype, len(run))
+        for lane, u in enumerate(run):
+            mapping[u] = gep(wide, (lane,))
+    return mapping
+
+
+def lane_loads(buf: UOp, dtype: DType, alt: UOp, pairs: Sequence[tuple[UOp, UOp]], renderer: Renderer) -> list[UOp]:
+    """The load of `buf` at each (index, valid) of `pairs`, gated by valid with `alt` where invalid: lanes at the same
+    element share one scalar load, and runs of neighbouring elements are read by one vector load, each lane a GEP of
+    it. The very nodes that scalar loads `LOAD(INDEX(buf, index, valid), alt, valid)` and `grouped_loads` give,
+    without building the scalar loads that join a vector load (most of them, in a vectorised kernel)."""
+    unique = list(dict.fromkeys(pairs))
+    got: dict[tuple[UOp, UOp], UOp] = {}
+    if (
+        len(unique) > 1
+        and dtype.count == 1
+        and buf.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL)
+        and memory_widths(renderer)[0]
+    ):
+        keyed = []
+        for pair in unique:
+            base, offset = split_offset(pair[0])
+            keyed.append(((buf, base, pair[1]), offset, pair))
+        for (_, base, valid), start, run in _load_runs(keyed, renderer, dtype.itemsize):
+            index = UOp(Ops.INDEX, buf.dtype, (buf, _offset_index(run[0][0].dtype, base, start), valid))
+            wide = _wide_load(index, (alt, valid), dtype, len(run))
+            for lane, pair in enumerate(run):
+                got[pair] = gep(wide, (lane,))
+    for pair in unique:
+        if pair not in got:
+            got[pair] = UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, *pair)), alt, pair[1]))
+    return [got[pair] for pair in pairs]
+
+
+def _load_runs(
+    keyed: Iterable[tuple[tuple, int, Any]], renderer: Renderer, itemsize: int | None = None
+) -> Iterator[tuple[tuple, int, list[Any]]]:
+    """(key, first offset, items) for each run of two or more items of one key (buffer and base index first, the
+    element's dtype last unless `itemsize` gives its size) at consecutive offsets, in the widths the renderer allows;
+    the first item at an offset stands for it."""
+    groups: dict[tuple, dict[int, Any]] = defaultdict(dict)
+    for key, offset, item in keyed:
+        groups[key].setdefault(offset, item)
+    for key, by_offset in groups.items():
         if len(by_offset) < 2:
             continue
-        widths, aligned = memory_widths(renderer, dtype.itemsize)
-        for run in _runs(sorted(by_offset), widths, aligned, base, _buffer_limit(buf)):
-            if len(run) == 1:
-                continue
-            first = by_offset[run[0]]
-            index = _index_with(first.src[0], base, run[0])
-            if len(extra) == 2:  # a gated load: the alternative becomes a vector too
-                alt, gate = extra
-                srcs: tuple[UOp, ...] = (index, vectorize([alt] * len(run)), gate)
-            else:
-                srcs = (index, *extra)
-            wide = UOp(Ops.LOAD, dtype.vec(len(run)), srcs)
-            for lane, off in enumerate(run):
-                mapping[by_offset[off]] = gep(wide, (lane,))
-    return mapping
+        widths, aligned = memory_widths(renderer, key[-1].itemsize if itemsize is None else itemsize)
+        for run in _runs(sorted(by_offset), widths, aligned, key[1], _buffer_limit(key[0])):
+            if len(run) > 1:
+                yield key, run[0], [by_offset[off] for off in run]
+
+
+def _wide_load(index: UOp, extra: tuple[UOp, ...], dtype: DType, n: int) -> UOp:
+    """The `n`-lane load at `index`; of a gated load (`extra` is alternative and gate) the alternative becomes a
+    vector too."""
+    if len(extra) == 2:
+        alt, gate = extra
+        return UOp(Ops.LOAD, dtype.vec(n), (index, vectorize([alt] * n), gate))
+    return UOp(Ops.LOAD, dtype.vec(n), (index, *extra))
 
 
 def _group_stores(sink: UOp, renderer: Renderer) -> UOp:
