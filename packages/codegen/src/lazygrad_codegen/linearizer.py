@@ -145,12 +145,6 @@ def linearize(sink: UOp) -> list[UOp]:
 
     path_of = {id(b): path(b) for b in (root, *block_of.values())}
     paths = {u: path_of[id(b)] for u, b in placed_in.items()}
-    # the ops of each block, nested ones included (those whose path passes through it), in graph order: each block
-    # reads its own rather than testing every op of the kernel
-    within: dict[int, list[UOp]] = {id(b): [] for b in (root, *block_of.values())}
-    for u, p in paths.items():
-        for b in p:
-            within[id(b)].append(u)
     acc_readers: dict[UOp, list[UOp]] = {}
     for u in placed_in:
         if u.op is not Ops.ASSIGN:
@@ -158,17 +152,38 @@ def linearize(sink: UOp) -> list[UOp]:
                 if s.op is Ops.DEFINE_ACC:
                     acc_readers.setdefault(s, []).append(u)
 
+    # the dependencies between the items of each block (its own ops and its child loops): `later` needs `first`.
+    # Two ops order items only in their deepest common block, where they sit in different items (an op's own, or
+    # the child loop it is in): above it they are in one item, below it one of them is outside
+    edges: dict[int, list[tuple[UOp | _Block, UOp | _Block]]] = {id(b): [] for b in (root, *block_of.values())}
+
+    def order(later: UOp, first: UOp) -> None:
+        pl, pf = paths[later], paths[first]
+        if pl is pf:  # the same block: the most common case
+            edges[id(pl[-1])].append((later, first))
+            return
+        depth = 0
+        while depth < len(pl) and depth < len(pf) and pl[depth] is pf[depth]:
+            depth += 1
+        edges[id(pl[depth - 1])].append(
+            (pl[depth] if len(pl) > depth else later, pf[depth] if len(pf) > depth else first)
+        )
+
+    for u in placed_in:
+        for s in _sources(u):
+            # (parameters, hardware indices and loops are no op of a block)
+            if s in placed_in:
+                order(u, s)
+        # an accumulator read while it accumulates (an online reduction's update reads one accumulator's old value
+        # for another's new one) is read before its ASSIGN overwrites it in the same loop
+        if u.op is Ops.ASSIGN:
+            for reader in acc_readers.get(u.src[0], ()):
+                if reader is not u:
+                    order(u, reader)
+
     out: list[UOp] = list(params)
 
     def emit(b: _Block) -> None:
-        # items of this block: its own ops and its child loops, ordered by the dependencies between them; an op
-        # within the block belongs to its own item, or to the item of the child loop it sits in
-        members = within[id(b)]
-        inner = b.depth + 1
-        item_of: dict[UOp, UOp | _Block] = {}
-        for u in members:
-            p = paths[u]
-            item_of[u] = p[inner] if len(p) > inner else u
         keys: dict[int, UOp | _Block] = {}
         prio: dict[int, tuple[int, int]] = {}
         for op in b.ops:
@@ -178,26 +193,9 @@ def linearize(sink: UOp) -> list[UOp]:
             keys[id(child)], prio[id(child)] = child, (1, position[child.loop])
         deps: dict[int, set[int]] = {k: set() for k in keys}
         users: dict[int, set[int]] = {k: set() for k in keys}
-        for u in members:
-            iu = item_of[u]
-            for s in _sources(u):
-                # (parameters, hardware indices and loops are no op of a block)
-                isrc = item_of.get(s)
-                if isrc is None or isrc is iu:
-                    continue
-                deps[id(iu)].add(id(isrc))
-                users[id(isrc)].add(id(iu))
-        # an accumulator read while it accumulates (an online reduction's update reads one accumulator's old value
-        # for another's new one) is read before its ASSIGN overwrites it in the same loop
-        for u in members:
-            if u.op is not Ops.ASSIGN:
-                continue
-            iu = item_of[u]
-            for reader in acc_readers.get(u.src[0], ()):
-                ir = item_of.get(reader)
-                if ir is not None and ir is not iu:
-                    deps[id(iu)].add(id(ir))
-                    users[id(ir)].add(id(iu))
+        for later, first in edges[id(b)]:
+            deps[id(later)].add(id(first))
+            users[id(first)].add(id(later))
         ready = [(prio[k], k) for k, d in deps.items() if not d]
         heapq.heapify(ready)
         done = 0
