@@ -307,13 +307,19 @@ def test_cut_vectors_skips_the_walk_not_the_result(renderer: LLVMRenderer) -> No
     dtype=hst.sampled_from([dtypes.float32, dtypes.float16, dtypes.int8]),
 )
 def test_lane_loads_are_the_scalar_loads_grouped(offsets, based: bool, renderer, dtype) -> None:
-    # the reference: one scalar load per distinct (index, valid), then `grouped_loads` over them, as lowering did
+    # the reference: one scalar load per distinct (index, valid), ungated where valid is the constant True (what the
+    # cleanup rules leave), then `grouped_loads` over them, as lowering did
     buf = UOp(Ops.DEFINE_GLOBAL, dtype.ptr(64), arg=1)
     base = UOp.variable("i", 0, 3) * 8 if based else None
     gates = [UOp.const(dtypes.bool, True), UOp.variable("g", 0, 1) < 1, UOp.variable("h", 0, 1) < 1]
     pairs = [(UOp.const(dtypes.int32, off) if base is None else base + off, gates[g]) for off, g in offsets]
     alt = UOp.const(dtype, 0)
-    made = {p: UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, *p)), alt, p[1])) for p in pairs}
+    made = {
+        p: UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, p[0])),))
+        if p[1] is gates[0]
+        else UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, *p)), alt, p[1]))
+        for p in pairs
+    }
     grouped = grouped_loads(made.values(), renderer) if len(made) > 1 else {}
     want = [grouped.get(made[p], made[p]) for p in pairs]
     got = lane_loads(buf, dtype, alt, pairs, renderer)

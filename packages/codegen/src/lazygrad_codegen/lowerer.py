@@ -46,7 +46,7 @@ from lazygrad_codegen.online_reductions import find_online, lower_online, pair_f
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, grouped_stores, lane_loads, vec, vectorize
+from lazygrad_codegen.vectors import concat, gep, grouped_stores, lane_loads, scalar_store, vec, vectorize
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -380,7 +380,11 @@ class _Lowerer:
                 return vectorize([value] * lanes.n)
             zero = value.const_like(0)
             indexed = self.indexed(u.src[0], lanes)
-            masked = {valid: valid.where(value, zero) for valid in {valid for _, valid in indexed}}
+            # (an always-true validity selects the value itself, as the simplification would make it)
+            masked = {
+                valid: value if valid.op is Ops.CONST and valid.arg is True else valid.where(value, zero)
+                for valid in {valid for _, valid in indexed}
+            }
             return vectorize([masked[valid] for _, valid in indexed])
         if u.op is Ops.REDUCE_AXIS:
             if ("reduced", u) not in self.memo:
@@ -668,8 +672,7 @@ class _Lowerer:
         for lane, (idx, valid) in enumerate(self.indexed(view, self.out)):
             if self.store_gate is not None:
                 valid = valid & self.store_gate
-            index = UOp(Ops.INDEX, buf.dtype, (buf, idx, valid))
-            out.append(UOp(Ops.STORE, dtypes.void, (index, gep(v, (lane,)), valid)))
+            out.append(scalar_store(buf, idx, gep(v, (lane,)), valid))
         # lanes that `lane_indexed` gave as one base plus offsets are stored by vector stores right away (in the
         # order `group_memory` would give them; scalar stores that merge with none stay in lane order, as there)
         return grouped_stores(out, self.k.renderer) if len(out) > 1 else out

@@ -299,8 +299,9 @@ def grouped_loads(loads: Iterable[UOp], renderer: Renderer) -> dict[UOp, UOp]:
 def lane_loads(buf: UOp, dtype: DType, alt: UOp, pairs: Sequence[tuple[UOp, UOp]], renderer: Renderer) -> list[UOp]:
     """The load of `buf` at each (index, valid) of `pairs`, gated by valid with `alt` where invalid: lanes at the same
     element share one scalar load, and runs of neighbouring elements are read by one vector load, each lane a GEP of
-    it. The very nodes that scalar loads `LOAD(INDEX(buf, index, valid), alt, valid)` and `grouped_loads` give,
-    without building the scalar loads that join a vector load (most of them, in a vectorised kernel)."""
+    it. The very nodes that scalar loads `LOAD(INDEX(buf, index, valid), alt, valid)` (`scalar_load`) and
+    `grouped_loads` give, without building the scalar loads that join a vector load (most of them, in a vectorised
+    kernel)."""
     unique = list(dict.fromkeys(pairs))
     got: dict[tuple[UOp, UOp], UOp] = {}
     if (
@@ -314,14 +315,34 @@ def lane_loads(buf: UOp, dtype: DType, alt: UOp, pairs: Sequence[tuple[UOp, UOp]
             base, offset = split_offset(pair[0])
             keyed.append(((buf, base, pair[1]), offset, pair))
         for (_, base, valid), start, run in _load_runs(keyed, renderer, dtype.itemsize):
-            index = UOp(Ops.INDEX, buf.dtype, (buf, _offset_index(run[0][0].dtype, base, start), valid))
-            wide = _wide_load(index, (alt, valid), dtype, len(run))
+            gate = () if _always(valid) else (valid,)
+            index = UOp(Ops.INDEX, buf.dtype, (buf, _offset_index(run[0][0].dtype, base, start), *gate))
+            wide = _wide_load(index, (alt, *gate) if gate else (), dtype, len(run))
             for lane, pair in enumerate(run):
                 got[pair] = gep(wide, (lane,))
     for pair in unique:
         if pair not in got:
-            got[pair] = UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, *pair)), alt, pair[1]))
+            got[pair] = scalar_load(buf, dtype, alt, *pair)
     return [got[pair] for pair in pairs]
+
+
+def scalar_load(buf: UOp, dtype: DType, alt: UOp, idx: UOp, valid: UOp) -> UOp:
+    """The load of element `idx` of `buf` where `valid`, else `alt`: a gate that is the constant True is no gate (as
+    the cleanup after simplification makes it; built so, the simplification need not rebuild what reads it)."""
+    if _always(valid):
+        return UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx)),))
+    return UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), alt, valid))
+
+
+def scalar_store(buf: UOp, idx: UOp, value: UOp, valid: UOp) -> UOp:
+    """The store of `value` to element `idx` of `buf` where `valid`: ungated for the constant True, as for loads."""
+    if _always(valid):
+        return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, idx)), value))
+    return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), value, valid))
+
+
+def _always(valid: UOp) -> bool:
+    return valid.op is Ops.CONST and valid.arg is True
 
 
 def _load_runs(
