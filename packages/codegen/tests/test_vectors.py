@@ -28,7 +28,7 @@ from codegen_cases import (
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program
+from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program, vectors
 from lazygrad_codegen.division import guard_divisions
 from lazygrad_codegen.lowerer import lower
 from lazygrad_codegen.program import _simplify_rules
@@ -324,3 +324,26 @@ def test_lane_loads_are_the_scalar_loads_grouped(offsets, based: bool, renderer,
     want = [grouped.get(made[p], made[p]) for p in pairs]
     got = lane_loads(buf, dtype, alt, pairs, renderer)
     assert len(got) == len(want) and all(a is b for a, b in zip(got, want))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=hst.lists(hst.sampled_from([2, 4, 8]), min_size=1, max_size=4),
+    data=hst.data(),
+)
+def test_chunked_vectors_read_as_their_lanes(sizes: list[int], data: hst.DataObject) -> None:
+    # while vectors are cut, a cut op's result is a VECTORIZE of its chunks: every selection of its lanes must be the
+    # very node it is of the VECTORIZE of single lanes that `concat` builds, and expanding it must give that vector
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(64), arg=1)
+    parts = [
+        UOp(Ops.LOAD, dtypes.float32.vec(n), (UOp(Ops.INDEX, buf.dtype, (buf, UOp.const(dtypes.int32, 8 * i))),))
+        for i, n in enumerate(sizes)
+    ]
+    if data.draw(hst.booleans()) and len(parts) > 1:
+        parts[-1] = parts[0]  # a chunk repeated
+    chunked, want = vectors._cat(parts), concat(parts)
+    total = sum(p.dtype.count for p in parts)
+    for _ in range(4):
+        lanes = data.draw(hst.lists(hst.integers(0, total - 1), min_size=1, max_size=total))
+        assert gep(chunked, lanes) is gep(want, lanes)
+    assert graph_rewrite(chunked, vectors.expand_chunks) is want

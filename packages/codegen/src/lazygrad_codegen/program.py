@@ -22,7 +22,7 @@ from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
 from lazygrad_codegen.lowerer import cleanup_rules, lower
 from lazygrad_codegen.selection import keep_selections_whole
-from lazygrad_codegen.vectors import group_memory, split_rules, vector_rules
+from lazygrad_codegen.vectors import expand_chunks, group_memory, split_rules, vector_rules
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import dtypes
@@ -100,8 +100,10 @@ def _renumber_accumulators(sink: UOp) -> UOp:
     return sink.substitute({a: a.replace(arg=(i,)) for i, a in enumerate(accs)})
 
 
-# built once: combining matchers inspects every rule function
-_simplify_rules = symbolic + vector_rules + cleanup_rules
+# built once: combining matchers inspects every rule function. One matcher for both simplifications, so that the
+# second finds what the first left in its memo; the cut's chunked vectors, which only the second meets, become
+# VECTORIZEs of lanes there, for the renderers
+_simplify_rules = symbolic + vector_rules + cleanup_rules + expand_chunks
 
 
 def program_of(k: Kernel) -> ProgramSpec:

@@ -5,8 +5,9 @@ Lowering computes a kernel's upcast and unrolled axes as vectors with one lane p
 takes (`VECTORIZE` of scalars, `GEP` to select lanes: `GEP(x, (2, 3))` is the 2-lane vector of lanes 2 and 3 of x).
 A renderer then gets vectors no wider than its `vector_width` (scalars when it is 1):
 
-- `split_rules` cut every wider ALU op, cast and accumulator into chunks of that width, written as a `VECTORIZE` of
-  `GEP`s of the chunks; the folding rules make a consumer that takes a chunk read the chunk itself;
+- `split_rules` cut every wider ALU op, cast and accumulator into chunks of that width. A cut op is a `VECTORIZE` of
+  its chunks while the cut runs (a consumer that takes a chunk reads the chunk itself, `gep`), and `expand_chunks`
+  writes what still reads it whole as a `VECTORIZE` of `GEP`s of the chunks afterwards (the form renderers take);
 - `group_memory` replaces scalar loads of neighbouring elements of one buffer by one vector load (and its lanes),
   and scalar stores of neighbouring elements by one vector store, in the widths the renderer allows.
 
@@ -38,6 +39,8 @@ def gep(x: UOp, lanes: Sequence[int]) -> UOp:
     if len(lanes) == x.dtype.count and lanes == tuple(range(x.dtype.count)):
         return x
     if x.op is Ops.VECTORIZE:
+        if x.src[0].dtype.count > 1:
+            return _cat_lanes(x, lanes)
         return vectorize([x.src[lane] for lane in lanes])
     if x.op is Ops.GEP:
         return gep(x.src[0], [x.arg[lane] for lane in lanes])
@@ -72,6 +75,39 @@ def concat(parts: Sequence[UOp]) -> UOp:
             srcs = tuple(lane for p in parts for lane in p.lanes())
             return UOp(Ops.VECTORIZE, parts[0].dtype.scalar().vec(len(srcs)), srcs)
     return vectorize([gep(p, (j,)) for p in parts for j in range(p.dtype.count)])
+
+
+def _cat_lanes(x: UOp, lanes: tuple[int, ...]) -> UOp:
+    """`gep` of a chunked vector (`_cat`): lanes within one chunk are a GEP of that chunk."""
+    where: list[tuple[UOp, int]] = []
+    for lane in lanes:
+        for part in x.src:
+            n = part.dtype.count
+            if lane < n:
+                where.append((part, lane))
+                break
+            lane -= n
+    part = where[0][0]
+    if all(p is part for p, _ in where):
+        return gep(part, [j for _, j in where])
+    return vectorize([gep(p, (j,)) for p, j in where])
+
+
+def _cat(parts: list[UOp]) -> UOp:
+    """The vector of all lanes of `parts` (vectors computed elsewhere: the chunks of a cut op), held as a VECTORIZE of
+    the chunks themselves while vectors are cut, where lanes are taken chunk by chunk (`gep`); `expand_chunks` makes
+    it a VECTORIZE of the lanes afterwards, as `concat` builds it, where anything still reads it whole."""
+    if len(parts) > 1 and len(set(parts)) > 1:
+        return UOp(Ops.VECTORIZE, parts[0].dtype.scalar().vec(sum(p.dtype.count for p in parts)), tuple(parts))
+    return concat(parts)
+
+
+def _expand_chunks(v: UOp) -> UOp | None:
+    return concat(v.src) if v.src[0].dtype.count > 1 else None
+
+
+expand_chunks = PatternMatcher([(UPat(Ops.VECTORIZE, name="v"), _expand_chunks)])
+"""The rule that turns the cut's chunked vectors into VECTORIZEs of lanes; for the simplification after the cut."""
 
 
 def vec(dtype: DType, count: int) -> DType:
@@ -124,10 +160,10 @@ def _split_alu(ctx: int, x: UOp) -> UOp | None:
     for lanes in _chunks(count, width):
         dtype = vec(x.dtype.scalar(), len(lanes))
         parts.append(UOp(x.op, dtype, tuple(gep(s, lanes) for s in x.src), x.arg))
-    out = concat(parts)
-    # x's sources are rewritten already (the cut runs bottom-up), so the chunks and the lanes `concat` picks from
-    # them, all made by the constructors the folding rules apply, are final: the rewrite needn't walk the hundreds of
-    # thousands of lane nodes of a model's cut vectors to find that out
+    out = _cat(parts)
+    # x's sources are rewritten already (the cut runs bottom-up), so the chunks, and the lanes `concat` picks from
+    # them when it builds the vector, all made by the constructors the folding rules apply, are final: the rewrite
+    # needn't walk them to find that out
     mark_fixed_points(_split, width, (*parts, *out.src, out) if out.op is Ops.VECTORIZE else parts)
     return out
 
