@@ -107,7 +107,7 @@ def test_gated_vectors_keep_their_indexes() -> None:
     assert not re.search(r"getelementptr float, ptr %data1, i32", spec.src)
 
 
-@pytest.mark.parametrize("step", [1, 3])
+@pytest.mark.parametrize("step", [2, 3])
 def test_int64_indexes_address_from_a_base_too(step: int) -> None:
     # a view whose reach passes int32 is indexed in int64: the base pointer takes the i64 index, and LLVM accepts
     # the IR (compiled, not run: the buffer would be gigabytes)

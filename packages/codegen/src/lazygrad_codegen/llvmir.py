@@ -633,13 +633,17 @@ def _based_indexes(uops: list[UOp], skipped: set[UOp]) -> tuple[dict[UOp, list[U
         and u.src[0].op is Ops.DEFINE_GLOBAL
         and u.src[1].dtype.count == 1
     )
+    sharing: dict[tuple[UOp, UOp | None], list[UOp]] = {}
     for u in indexes:
-        base = split_offset(u.src[1])[0]
-        # an accumulator's value is read where it is used: it has no one place of definition to put a pointer
-        if base is None or base.op in (Ops.DEFINE_ACC, Ops.ASSIGN):
-            continue
-        if u.src[0] not in (bufs := based.setdefault(base, [])):
-            bufs.append(u.src[0])
+        sharing.setdefault((u.src[0], split_offset(u.src[1])[0]), []).append(u)
+    for (buf, base), users_of_base in sharing.items():
+        # an accumulator's value is read where it is used: it has no one place of definition to put a pointer. A
+        # base that one index alone uses saves nothing: that index stays an `inbounds` GEP from its buffer
+        if (base is not None and base.op in (Ops.DEFINE_ACC, Ops.ASSIGN)) or len(users_of_base) == 1:
+            for u in users_of_base:
+                del indexes[u]
+        elif base is not None:
+            based.setdefault(base, []).append(buf)
     folded = {
         u.src[1]
         for u in indexes
