@@ -166,6 +166,66 @@ def test_new_memory_is_zeroed() -> None:
 
 # *** compiler and program ***
 
+_COUNTED_LOOP = """define void @k(ptr %out, ptr %a, i32 %n) {
+entry:
+  br label %header
+header:
+  %i = phi i32 [0, %entry], [%next, %latch]
+  %acc = phi float [0.0, %entry], [%sum, %latch]
+  %go = icmp slt i32 %i, %n
+  br i1 %go, label %latch, label %exit
+latch:
+  %j = mul nsw i32 %i, 3
+  %p = getelementptr inbounds float, ptr %a, i32 %j
+  %x = load float, ptr %p
+  %sum = fadd float %acc, %x
+  %next = add nuw nsw i32 %i, 1
+  br label %header
+exit:
+  store float %acc, ptr %out
+  ret void
+}
+"""
+
+
+_ZERO_ROWS = """define void @zeros(ptr %out, i32 %start, i32 %end) {
+entry:
+  br label %header
+header:
+  %row = phi i32 [%start, %entry], [%next, %latch]
+  %go = icmp slt i32 %row, %end
+  br i1 %go, label %body, label %exit
+body:
+  %i = mul nsw i32 %row, 2
+  %p = getelementptr inbounds float, ptr %out, i32 %i
+  store <2 x float> zeroinitializer, ptr %p, align 4
+  br label %latch
+latch:
+  %next = add nuw nsw i32 %row, 1
+  br label %header
+exit:
+  ret void
+}
+"""
+
+
+def test_printing_the_assembly_leaves_the_object_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    # DEBUG=7 prints each kernel's assembly; the code generator rewrites the module it runs on, so printing from
+    # the module itself changed the object code emitted after it (this loop's, and most of ResNet-18's kernels')
+    compiler = LLVMCompiler()
+    plain = compiler.compile(_ZERO_ROWS)
+    with Context(DEBUG=7):
+        printed = compiler.compile(_ZERO_ROWS)
+    assert "zeros:" in capsys.readouterr().out
+    assert printed == plain
+
+
+def test_loop_counters_stay_32_bit() -> None:
+    # IndVarSimplify does not widen a 32-bit counter whose index is sign-extended into a 64-bit one (LLVM's default
+    # does: `phi i64`), which spares LLVM rewriting every index computed from it
+    phis = [line for line in str(LLVMCompiler().optimized_module(_COUNTED_LOOP)).splitlines() if " phi " in line]
+    assert any("phi i32" in line for line in phis) and not any("phi i64" in line for line in phis), phis
+
 
 def test_invalid_ir_raises_compile_error() -> None:
     with pytest.raises(CompileError, match="LLVM rejected"):

@@ -77,7 +77,9 @@ class LLVMIRCompiler(Compiler):
         """The relocatable object file of `src`. `DEBUG>=7` prints its assembly."""
         mod = self.optimized_module(src)
         if DEBUG >= 7:
-            print(self.target_machine.emit_assembly(mod))
+            # of a copy: the code generator rewrites the module it runs on (CodeGenPrepare sinks addresses into
+            # their uses), so running it twice on one module can give a different object than the one without DEBUG
+            print(self.target_machine.emit_assembly(mod.clone()))
         return self.target_machine.emit_object(mod)
 
     def compile(self, src: str) -> bytes:

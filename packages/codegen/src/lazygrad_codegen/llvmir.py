@@ -11,6 +11,10 @@ How the IR is shaped, and why:
   reorder the reduction into vector lanes;
 - index arithmetic carries `nsw`, so scalar evolution can prove that consecutive iterations touch consecutive
   elements;
+- on targets with `based_addresses` (the CPU), an element `base + c` of a buffer is a constant offset from one
+  pointer per (buffer, base), made where `base` is computed: the lanes of a strided view cost LLVM one address each
+  instead of an add, a sign extension and a GEP that its passes (IndVarSimplify, SLP, InstCombine) work through one
+  by one. The lanes of a vector with gated (padding) loads keep their indexes: SLP makes masked gathers of those;
 - a gated load reads element 0 when its gate is false (its own index may be out of bounds) and selects the
   alternative value, which keeps the loop branch-free;
 - `bool` is `i1` in registers and `i8` in memory; `bfloat16` is its 16 bits in an `i16`, computed in float32;
@@ -127,6 +131,12 @@ class LLVMFunction:
         self.shuffled = _shuffled_lanes(uops)
         # vectors of lane loads gathered with one masked gather; the loads and indexes only they use
         self.gathers, self.gathered = _gathered_lanes(uops) if renderer.gathers else (set(), set())
+        # addresses as a pointer per (buffer, index base) and a constant offset from it: the buffers indexed at
+        # each base, the INDEXes addressed so and the `base + c` ADDs only they use (not rendered)
+        self.based, self.offsets, self.folded = (
+            _based_indexes(uops, self.gathered) if renderer.based_addresses else ({}, set(), set())
+        )
+        self.base_ptr: dict[tuple[UOp, UOp], str] = {}
 
     def tmp(self) -> str:
         """A fresh SSA name."""
@@ -394,8 +404,40 @@ class LLVMFunction:
         mask = ", ".join(f"i32 {lane}" for lane in u.arg)
         return self.op(f"shufflevector {t} {self.get(src)}, {t} poison, <{len(u.arg)} x i32> <{mask}>")
 
+    def element_pointer(self, buf: UOp, base: UOp) -> str:
+        """A pointer to element `base` of buffer `buf`. No `inbounds`: the base of a padded view's index may lie
+        outside its buffer while every element read at a constant offset from it is inside."""
+        return self.op(
+            f"getelementptr {mtype(buf.dtype.base)}, ptr {self.val[buf]}, {ltype(base.dtype)} {self.val[base]}"
+        )
+
+    def base_pointers(self, base: UOp) -> None:
+        """The pointer to element `base` of each buffer indexed at `base + c`, emitted where `base` is defined: it
+        dominates every use there, and sits outside the loops that `base` doesn't vary in."""
+        for buf in self.based[base]:
+            if buf in self.val:
+                self.base_ptr[(buf, base)] = self.element_pointer(buf, base)
+
+    def based_index(self, index: UOp) -> str:
+        """The address of INDEX `index` (one of `offsets`): its constant offset from the pointer to its base element
+        (from the buffer itself for a constant index)."""
+        buf, (base, offset) = index.src[0], split_offset(index.src[1])
+        if base is None:
+            ptr = self.val[buf]
+        elif (ptr := self.base_ptr.get((buf, base))) is None:
+            # no pointer made where the base is (the buffer came later in the program): one here, for this use only,
+            # since this block need not dominate the other uses
+            ptr = self.element_pointer(buf, base)
+        return self.op(f"getelementptr {mtype(index.dtype.base)}, ptr {ptr}, i64 {offset}") if offset else ptr
+
     def render_uop(self, u: UOp) -> None:
         """Emit the instructions of `u`, the next UOp of the linear program."""
+        self.render_one(u)
+        if u in self.based:
+            self.base_pointers(u)
+
+    def render_one(self, u: UOp) -> None:
+        """Emit the instructions of `u` alone."""
         op, src = u.op, u.src
         if op is Ops.DEFINE_GLOBAL:
             self.val[u] = f"%data{u.arg}"
@@ -433,8 +475,10 @@ class LLVMFunction:
             self.emit(f"store {ltype(u.dtype)} {self.get(src[0])}, ptr {slot}")
         elif op is Ops.ASSIGN:
             self.emit(f"store {ltype(u.dtype)} {self.get(src[1])}, ptr {self.val[src[0]]}")
-        elif op in (Ops.INDEX, Ops.LOAD) and u in self.gathered:
+        elif (op in (Ops.INDEX, Ops.LOAD) and u in self.gathered) or u in self.folded:
             return
+        elif op is Ops.INDEX and u in self.offsets:
+            self.val[u] = self.based_index(u)
         elif op is Ops.INDEX:
             idx, it = self.get(src[1]), ltype(src[1].dtype)
             if len(src) == 3:
@@ -559,6 +603,58 @@ def _gathered_lanes(uops: list[UOp]) -> tuple[set[UOp], set[UOp]]:
     return vectors, skipped
 
 
+def _based_indexes(uops: list[UOp], skipped: set[UOp]) -> tuple[dict[UOp, list[UOp]], set[UOp], set[UOp]]:
+    """The buffers indexed at each index base (an index is `base + constant`), the INDEXes addressed as a constant
+    offset from the pointer to their buffer's element `base` (or from the buffer, for a constant index), and the
+    `base + c` ADDs that only those use. LLVM then sees one address computation per base instead of one per load:
+    the lanes of a strided view (a convolution's window, a transpose) are its constant offsets."""
+    based: dict[UOp, list[UOp]] = {}
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    # the lanes of a vector of loads that is gated (padding) stay indexes from the buffer: LLVM's SLP vectoriser
+    # makes a masked gather of them where that pays (the stem's convolution runs 1.5x faster with it), and finds
+    # none in loads addressed from a base pointer
+    gated = {
+        s.src[0]
+        for u in uops
+        if u.op is Ops.VECTORIZE and any(s.op is Ops.LOAD and len(s.src) == 3 for s in u.src)
+        for s in u.src
+        if s.op is Ops.LOAD
+    }
+    indexes = dict.fromkeys(
+        u
+        for u in uops
+        if u.op is Ops.INDEX
+        and len(u.src) == 2
+        and u not in gated
+        and u not in skipped
+        and u.src[0].op is Ops.DEFINE_GLOBAL
+        and u.src[1].dtype.count == 1
+    )
+    sharing: dict[tuple[UOp, UOp | None], list[UOp]] = {}
+    for u in indexes:
+        sharing.setdefault((u.src[0], split_offset(u.src[1])[0]), []).append(u)
+    for (buf, base), users_of_base in sharing.items():
+        # an accumulator's value is read where it is used: it has no one place of definition to put a pointer. A
+        # base that one index alone uses saves nothing: that index stays an `inbounds` GEP from its buffer
+        if (base is not None and base.op in (Ops.DEFINE_ACC, Ops.ASSIGN)) or len(users_of_base) == 1:
+            for u in users_of_base:
+                del indexes[u]
+        elif base is not None:
+            based.setdefault(base, []).append(buf)
+    folded = {
+        u.src[1]
+        for u in indexes
+        if u.src[1].op is Ops.ADD
+        and u.src[1].src[1].op is Ops.CONST
+        and u.src[1].src[0] in based
+        and all(x in indexes and x.src[1] is u.src[1] for x in users[u.src[1]])
+    }
+    return based, set(indexes), folded
+
+
 def _shuffled_lanes(uops: list[UOp]) -> set[UOp]:
     """The GEPs whose every user is a VECTORIZE rendered as one shufflevector: they need no extractelement."""
     users: dict[UOp, list[UOp]] = {}
@@ -600,6 +696,9 @@ class LLVMRenderer(Renderer):
     # whether a vector of scalar loads from one buffer (a strided or padded read) is one `llvm.masked.gather` instead
     # of a load per lane: a fraction of the IR for LLVM to optimise, but slower code where gathers are slow
     gathers = False
+    # whether a buffer's element `base + c` is addressed as a constant offset from one pointer per (buffer, base),
+    # computed where `base` is: LLVM then has one address computation per base to optimise instead of one per load
+    based_addresses = False
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""
