@@ -575,22 +575,21 @@ def emulated_gpu():
     engine._runners.clear()
 
 
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
-def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType) -> None:
+def _conv_passes_match_torch(x_np: np.ndarray, w_np: np.ndarray, dtype: DType, **conv: int) -> None:
+    """conv2d's forward, input gradient and weight gradient on the emulated GPU in `dtype` against torch's in float64
+    from the same (rounded) values; the gradient flowing in is random."""
     torch = pytest.importorskip("torch")
-    from lazygrad import Tensor, engine
+    from lazygrad import Tensor
 
-    x_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
-    w_np = (RNG.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
-    g_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
-    x, w, g = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np, g_np))
+    x, w = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np))
     x.requires_grad_()
     w.requires_grad_()
-    out = x.conv2d(w, padding=1)
-    dx, dw = out.gradient(x, w, gradient=g)
+    out = x.conv2d(w, **conv)
+    g_np = RNG.standard_normal(out.shape).astype(np.float32)
+    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device="PYTHON").cast(dtype))
     tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
     tx, tw, tg = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np, g_np))
-    t_out = torch.nn.functional.conv2d(tx, tw, padding=1)
+    t_out = torch.nn.functional.conv2d(tx, tw, **conv)
     t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), tg.detach())
     tol = 1e-4 if dtype == dtypes.float32 else 2e-2
     for got, want in ((out, t_out), (dx, t_dx), (dw, t_dw)):
@@ -598,6 +597,15 @@ def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype
         np.testing.assert_allclose(
             got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
         )
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType) -> None:
+    from lazygrad import engine
+
+    x_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
+    w_np = (RNG.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    _conv_passes_match_torch(x_np, w_np, dtype, padding=1)
     # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
     # these axes: test_convolution_from_local_memory has them)
     assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3
@@ -607,27 +615,11 @@ def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype
 def test_stem_like_convolution_passes_match_torch(emulated_gpu, dtype: DType) -> None:
     # a 7x7 window at stride 2 over 3 channels (ResNet's stem, scaled down): the weight gradient's 3 x 7 x 7 axes
     # have no tile; its taps are padded to 8 where that pays, and every pass matches torch
-    torch = pytest.importorskip("torch")
-    from lazygrad import Tensor, engine
+    from lazygrad import engine
 
     x_np = RNG.standard_normal((1, 3, 11, 11)).astype(np.float32)
     w_np = (RNG.standard_normal((16, 3, 7, 7)) * 0.2).astype(np.float32)
-    x, w = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np))
-    x.requires_grad_()
-    w.requires_grad_()
-    out = x.conv2d(w, stride=2, padding=3)
-    g_np = RNG.standard_normal(out.shape).astype(np.float32)
-    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device="PYTHON").cast(dtype))
-    tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
-    tx, tw, tg = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np, g_np))
-    t_out = torch.nn.functional.conv2d(tx, tw, stride=2, padding=3)
-    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), tg.detach())
-    tol = 1e-4 if dtype == dtypes.float32 else 2e-2
-    for got, want in ((out, t_out), (dx, t_dx), (dw, t_dw)):
-        want_np = want.detach().numpy()
-        np.testing.assert_allclose(
-            got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
-        )
+    _conv_passes_match_torch(x_np, w_np, dtype, stride=2, padding=3)
     # the weight gradient's taps were padded to whole tiles
     assert any(
         o.op is OptOps.PADTO for r in engine._runners.values() for o in r.spec.opts if Opt(OptOps.STAGE) in r.spec.opts
