@@ -172,7 +172,8 @@ def test_plain_half_matmul_picks_tensor_cores_by_default(arch: str) -> None:
     tc = TENSOR_CORES[arch][0]
     m, n, k = 64, 48, 80
     spec = get_program(matmul_ast(m, n, k, dtypes.float16), registered_renderer(arch))
-    assert spec.opts[0].op is OptOps.TC
+    # tensor cores, possibly after padding N (48) to a whole tile
+    assert OptOps.TC in [o.op for o in spec.opts], spec.opts
     check_compiles(arch, tc, spec)
     got, want = run_on_python_device(spec, m, n, k, dtypes.float16)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
