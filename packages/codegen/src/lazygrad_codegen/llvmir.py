@@ -128,13 +128,16 @@ class LLVMFunction:
         self.index_math = _index_math(uops)
         self.accumulate = _accumulation(uops)
         self.position = {u: i for i, u in enumerate(uops)}
-        self.shuffled = _shuffled_lanes(uops)
+        users = _users(uops)
+        self.shuffled = _shuffled_lanes(users)
         # vectors of lane loads gathered with one masked gather; the loads and indexes only they use
-        self.gathers, self.gathered = _gathered_lanes(uops) if renderer.gathers else (set(), set())
+        self.gathers, self.gathered = (
+            _gathered_lanes(uops, users, self.position) if renderer.gathers else (set(), set())
+        )
         # addresses as a pointer per (buffer, index base) and a constant offset from it: the buffers indexed at
         # each base, the INDEXes addressed so and the `base + c` ADDs only they use (not rendered)
         self.based, self.offsets, self.folded = (
-            _based_indexes(uops, self.gathered) if renderer.based_addresses else ({}, set(), set())
+            _based_indexes(uops, users, self.gathered) if renderer.based_addresses else ({}, set(), set())
         )
         self.base_ptr: dict[tuple[UOp, UOp], str] = {}
 
@@ -581,11 +584,21 @@ def _gather_lanes(u: UOp) -> bool:
     return len({s.src[0].src[0] for s in loads}) == 1
 
 
-def _gathered_lanes(uops: list[UOp]) -> tuple[set[UOp], set[UOp]]:
+def _users(uops: list[UOp]) -> dict[UOp, list[UOp]]:
+    """The ops of the linear program that read each op."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    return users
+
+
+def _gathered_lanes(
+    uops: list[UOp], users: dict[UOp, list[UOp]], position: dict[UOp, int]
+) -> tuple[set[UOp], set[UOp]]:
     """The VECTORIZEs rendered as a masked gather; the LOADs whose every user is one, and the INDEXes only those use
     (none of which is rendered alone). The gather reads where the VECTORIZE is: no store may come between its
     first lane's load and it."""
-    position = {u: i for i, u in enumerate(uops)}
     stores = [i for i, u in enumerate(uops) if u.op is Ops.STORE]
     vectors = {
         u
@@ -594,25 +607,19 @@ def _gathered_lanes(uops: list[UOp]) -> tuple[set[UOp], set[UOp]]:
         and _gather_lanes(u)
         and not any(min(position[s] for s in u.src if s.op is Ops.LOAD) < i < position[u] for i in stores)
     }
-    users: dict[UOp, list[UOp]] = {}
-    for u in uops:
-        for s in u.src:
-            users.setdefault(s, []).append(u)
     skipped = {u for u in uops if u.op is Ops.LOAD and (us := users.get(u)) and all(x in vectors for x in us)}
     skipped |= {u for u in uops if u.op is Ops.INDEX and (us := users.get(u)) and all(x in skipped for x in us)}
     return vectors, skipped
 
 
-def _based_indexes(uops: list[UOp], skipped: set[UOp]) -> tuple[dict[UOp, list[UOp]], set[UOp], set[UOp]]:
+def _based_indexes(
+    uops: list[UOp], users: dict[UOp, list[UOp]], skipped: set[UOp]
+) -> tuple[dict[UOp, list[UOp]], set[UOp], set[UOp]]:
     """The buffers indexed at each index base (an index is `base + constant`), the INDEXes addressed as a constant
     offset from the pointer to their buffer's element `base` (or from the buffer, for a constant index), and the
     `base + c` ADDs that only those use. LLVM then sees one address computation per base instead of one per load:
     the lanes of a strided view (a convolution's window, a transpose) are its constant offsets."""
     based: dict[UOp, list[UOp]] = {}
-    users: dict[UOp, list[UOp]] = {}
-    for u in uops:
-        for s in u.src:
-            users.setdefault(s, []).append(u)
     # the lanes of a vector of loads that is gated (padding) stay indexes from the buffer: LLVM's SLP vectoriser
     # makes a masked gather of them where that pays (the stem's convolution runs 1.5x faster with it), and finds
     # none in loads addressed from a base pointer
@@ -655,14 +662,13 @@ def _based_indexes(uops: list[UOp], skipped: set[UOp]) -> tuple[dict[UOp, list[U
     return based, set(indexes), folded
 
 
-def _shuffled_lanes(uops: list[UOp]) -> set[UOp]:
+def _shuffled_lanes(users: dict[UOp, list[UOp]]) -> set[UOp]:
     """The GEPs whose every user is a VECTORIZE rendered as one shufflevector: they need no extractelement."""
-    users: dict[UOp, list[UOp]] = {}
-    for u in uops:
-        for s in u.src:
-            if s.op is Ops.GEP:
-                users.setdefault(s, []).append(u)
-    return {g for g, us in users.items() if all(x.op is Ops.VECTORIZE and _lane_sources(x) is not None for x in us)}
+    return {
+        g
+        for g, us in users.items()
+        if g.op is Ops.GEP and all(x.op is Ops.VECTORIZE and _lane_sources(x) is not None for x in us)
+    }
 
 
 def _index_math(uops: list[UOp]) -> set[UOp]:

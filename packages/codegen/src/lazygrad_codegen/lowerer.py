@@ -46,7 +46,16 @@ from lazygrad_codegen.online_reductions import find_online, lower_online, pair_f
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
 from lazygrad_codegen.staging import Stager, grouped_launch
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
-from lazygrad_codegen.vectors import concat, gep, grouped_stores, lane_loads, scalar_store, vec, vectorize
+from lazygrad_codegen.vectors import (
+    always_valid,
+    concat,
+    gep,
+    grouped_stores,
+    lane_loads,
+    scalar_store,
+    vec,
+    vectorize,
+)
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
@@ -382,7 +391,7 @@ class _Lowerer:
             indexed = self.indexed(u.src[0], lanes)
             # (an always-true validity selects the value itself, as the simplification would make it)
             masked = {
-                valid: value if valid.op is Ops.CONST and valid.arg is True else valid.where(value, zero)
+                valid: value if always_valid(valid) else valid.where(value, zero)
                 for valid in {valid for _, valid in indexed}
             }
             return vectorize([masked[valid] for _, valid in indexed])

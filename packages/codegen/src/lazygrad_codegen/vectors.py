@@ -351,7 +351,7 @@ def lane_loads(buf: UOp, dtype: DType, alt: UOp, pairs: Sequence[tuple[UOp, UOp]
             base, offset = split_offset(pair[0])
             keyed.append(((buf, base, pair[1]), offset, pair))
         for (_, base, valid), start, run in _load_runs(keyed, renderer, dtype.itemsize):
-            gate = () if _always(valid) else (valid,)
+            gate = () if always_valid(valid) else (valid,)
             index = UOp(Ops.INDEX, buf.dtype, (buf, _offset_index(run[0][0].dtype, base, start), *gate))
             wide = _wide_load(index, (alt, *gate) if gate else (), dtype, len(run))
             for lane, pair in enumerate(run):
@@ -365,19 +365,20 @@ def lane_loads(buf: UOp, dtype: DType, alt: UOp, pairs: Sequence[tuple[UOp, UOp]
 def scalar_load(buf: UOp, dtype: DType, alt: UOp, idx: UOp, valid: UOp) -> UOp:
     """The load of element `idx` of `buf` where `valid`, else `alt`: a gate that is the constant True is no gate (as
     the cleanup after simplification makes it; built so, the simplification need not rebuild what reads it)."""
-    if _always(valid):
+    if always_valid(valid):
         return UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx)),))
     return UOp(Ops.LOAD, dtype, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), alt, valid))
 
 
 def scalar_store(buf: UOp, idx: UOp, value: UOp, valid: UOp) -> UOp:
     """The store of `value` to element `idx` of `buf` where `valid`: ungated for the constant True, as for loads."""
-    if _always(valid):
+    if always_valid(valid):
         return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, idx)), value))
     return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, buf.dtype, (buf, idx, valid)), value, valid))
 
 
-def _always(valid: UOp) -> bool:
+def always_valid(valid: UOp) -> bool:
+    """Whether validity `valid` is the constant True (no gate)."""
     return valid.op is Ops.CONST and valid.arg is True
 
 
