@@ -719,17 +719,18 @@ class FunctionalMixin:
             raise InputError(
                 f"nll_loss needs class indices of shape {class_shape} for input {self.shape}, got {Y.shape}"
             )
-        labels = Y if ignore_index is None else Y.ne(ignore_index).where(Y, 0)
+        kept = None if ignore_index is None else Y.ne(ignore_index)  # the labels that count
+        labels = Y if kept is None else kept.where(Y, 0)
         target = labels._one_hot(c, "nll_loss target").cast(self.dtype).movedim(-1, axis)
         w = target if weight is None else target * weight.reshape(c, *(1,) * (self.ndim - axis - 1))
-        if ignore_index is not None:
-            w = w * Y.ne(ignore_index).unsqueeze(axis)
+        if kept is not None:
+            w = w * kept.unsqueeze(axis)
         loss = -(self * w).sum(axis)
-        if ignore_index is not None:
+        if kept is not None:
             # (the gradient of an ignored label is 0 even where every label is ignored and the mean is 0 / 0, as torch)
-            loss = Y.ne(ignore_index).where(loss, 0)
+            loss = kept.where(loss, 0)
         if weight is None:
             # the summed weights are the labels counted: no sum over the classes (a kernel of its own per row)
-            count = None if ignore_index is None else Y.ne(ignore_index).sum().cast(loss.dtype)
+            count = None if kept is None else kept.sum().cast(loss.dtype)
             return _reduce_loss(loss, reduction, count)
         return _reduce_loss(loss, reduction, w.sum())
