@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from lazygrad_uop.dtype import dtypes
+from lazygrad_codegen.selection import conjuncts
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.symbolic import sym_infer
 from lazygrad_uop.uop import UOp, sint
@@ -59,13 +59,6 @@ def global_load_bytes(uops: Sequence[UOp], global_size: Sequence[sint], local_si
     return round(total)
 
 
-def _conjuncts(gate: UOp) -> list[UOp]:
-    """The terms of `gate` as an AND of terms."""
-    if gate.op is Ops.AND and gate.dtype.scalar() == dtypes.bool:
-        return [t for src in gate.src for t in _conjuncts(src)]
-    return [gate]
-
-
 def _iterations(gate: UOp | None, loops: list[UOp], trips: list[int]) -> int | float:
     """In how many iterations of `loops` a read with `gate` reads, on average over a workgroup's threads. Of the
     gate's terms (an AND), those that depend on nothing but (some of) those loops and the thread's index in its
@@ -77,7 +70,7 @@ def _iterations(gate: UOp | None, loops: list[UOp], trips: list[int]) -> int | f
         return everything
     lengths = dict(zip(loops, trips, strict=True))
     exact: list[UOp] = []
-    for term in _conjuncts(gate):
+    for term in conjuncts(gate):
         leaves = {n for n in term.toposort if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR)}
         local = {n for n in leaves if n.op is Ops.SPECIAL and str(n.arg[0]).startswith("lidx")}
         if leaves and leaves <= set(loops) | local:

@@ -128,9 +128,10 @@ def _identity(op: Ops, dtype: DType) -> object:
     return dtypes.min(dtype)
 
 
-def _conjuncts(cond: UOp) -> list[UOp]:
+def conjuncts(cond: UOp) -> list[UOp]:
+    """The terms of bool `cond` read as an AND of terms (itself alone when it is no AND)."""
     if cond.op is Ops.AND and dtypes.is_bool(cond.dtype):
-        return [t for s in cond.src for t in _conjuncts(s)]
+        return [t for s in cond.src for t in conjuncts(s)]
     return [cond]
 
 
@@ -181,7 +182,7 @@ def find_selection(red: UOp, k: Kernel) -> Selection | None:
         return None
     pins: dict[int, tuple[UOp, UOp]] = {}
     gates: list[UOp] = []
-    for term in _conjuncts(cond):
+    for term in conjuncts(cond):
         read = axes_read(term, k) & reduce_axes
         if not read:
             gates.append(term)
