@@ -5,6 +5,7 @@ single-rank all-reduce runs GPU to GPU."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -70,3 +71,18 @@ def test_single_rank_all_reduce_on_a_gpu(lib: nccl.NCCLLibrary) -> None:
     np.testing.assert_array_equal(group.broadcast(t).numpy(), a)
     group.barrier()
     group.close()
+
+
+@pytest.mark.parametrize(
+    ("one_machine", "before", "after"),
+    [(True, None, "lo"), (False, None, None), (True, "eth1", "eth1"), (False, "ib0", "ib0")],
+)
+def test_bootstrap_uses_loopback_only_on_one_machine_and_only_unset(
+    monkeypatch: pytest.MonkeyPatch, one_machine: bool, before: str | None, after: str | None
+) -> None:
+    if before is None:
+        monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_SOCKET_IFNAME", before)
+    nccl.bootstrap_on_loopback(one_machine)
+    assert os.environ.get("NCCL_SOCKET_IFNAME") == after

@@ -27,6 +27,17 @@ NCCL_DTYPES: dict[DType, int] = {
 }  # fmt: skip
 NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 UNIQUE_ID_BYTES = 128
+NCCL_SYSTEM_ERROR, NCCL_REMOTE_ERROR = 2, 6  # ncclResult_t: the failures of a bootstrap that can't connect
+
+
+def bootstrap_on_loopback(one_machine: bool) -> None:
+    """Have NCCL's ranks find each other over the loopback interface when they all run on this machine and the user
+    named no interface (NCCL_SOCKET_IFNAME). NCCL's bootstrap connects its ranks over TCP and prefers any interface to
+    `lo`; on a machine whose other interfaces lead nowhere (a VM or container without a network) its connections then
+    fail, while loopback always reaches a rank on the same machine. NCCL reads the setting when it first sets up its
+    bootstrap, so this runs before the first `ncclGetUniqueId`."""
+    if one_machine and "NCCL_SOCKET_IFNAME" not in os.environ:
+        os.environ["NCCL_SOCKET_IFNAME"] = "lo"
 
 
 class NCCLUnavailableError(RuntimeError):
@@ -128,18 +139,24 @@ class NCCLProcessGroup(ProcessGroup):
         self.mpi = MPIProcessGroup(comm)
         self.rank, self.world_size = self.mpi.rank, self.mpi.world_size
         self.nccl = load_nccl()
-        local = self.mpi.comm.Split_type(self.mpi.MPI.COMM_TYPE_SHARED).Get_rank()
-        self.device = Device.canonicalize(device or f"CUDA:{local}")
+        here = self.mpi.comm.Split_type(self.mpi.MPI.COMM_TYPE_SHARED)
+        self.device = Device.canonicalize(device or f"CUDA:{here.Get_rank()}")
         self.cuda = Device[self.device]  # raises DeviceUnavailableError without a GPU, before NCCL is touched
+        bootstrap_on_loopback(here.Get_size() == self.world_size)
         uid = self.nccl.unique_id() if self.rank == 0 else NcclUniqueId()
         raw = self.mpi.comm.bcast(bytes(uid.internal) if self.rank == 0 else None, root=0)
         ctypes.memmove(ctypes.addressof(uid), raw, UNIQUE_ID_BYTES)
         self.cuda.activate()
         self.comm = ctypes.c_void_p()
-        self.nccl.check(
-            self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world_size, uid, self.rank),
-            "ncclCommInitRank",
-        )
+        result = self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world_size, uid, self.rank)
+        if result in (NCCL_SYSTEM_ERROR, NCCL_REMOTE_ERROR):
+            iface = os.environ.get("NCCL_SOCKET_IFNAME", "the one NCCL picked")
+            self.nccl.check(
+                result,
+                f"ncclCommInitRank (its ranks connect over TCP on {iface}: name an interface that reaches every rank "
+                "in NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows what it tried)",
+            )
+        self.nccl.check(result, "ncclCommInitRank")
 
     def _stream(self) -> int:
         return int(self.cuda.stream)
