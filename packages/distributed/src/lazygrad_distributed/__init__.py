@@ -9,7 +9,7 @@ from lazygrad_distributed.data_parallel import DataParallel
 from lazygrad_distributed.mpi import MPIProcessGroup
 from lazygrad_distributed.process_group import CollectiveError, ProcessGroup
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["CollectiveError", "DataParallel", "MPIProcessGroup", "ProcessGroup", "init_process_group"]
 
