@@ -178,6 +178,34 @@ def test_pool_backward(k: object, stride: object, padding: object, dilation: obj
     )
 
 
+@pytest.mark.parametrize("k,stride,padding,dilation,ceil_mode", POOLS)
+def test_max_pool_gradient_goes_to_the_first_max_of_a_window(
+    k: object, stride: object, padding: object, dilation: object, ceil_mode: bool
+) -> None:
+    # integers after a ReLU: most windows hold their max more than once (all zeros, or equal integers); torch gives
+    # each window's gradient to its first max only, and so must lazygrad, forward values and indices alike
+    x = np.maximum(np.random.default_rng(21).integers(-3, 3, (2, 2, 7, 8)), 0).astype(np.float32)
+    compare(
+        lambda t: t.max_pool2d(k, stride, dilation, padding, ceil_mode),
+        lambda t: F.max_pool2d(t, k, stride, padding, dilation, ceil_mode),
+        [x],
+        grad_tol=(1e-5, 1e-6),  # an element first in several windows sums their gradients, in its own order
+    )
+    compare(
+        lambda t: t.max_pool2d(k, stride, dilation, padding, ceil_mode, return_indices=True),
+        lambda t: F.max_pool2d(t, k, stride, padding, dilation, ceil_mode, return_indices=True),
+        [x],
+        grad=False,
+    )
+
+
+def test_max_pool_of_nan_inf_and_lowest() -> None:
+    x = rand((1, 2, 6, 6), 22)
+    x[0, 0, 1, 1], x[0, 0, 4, 2], x[0, 1, 0, 0] = np.nan, np.inf, -np.inf
+    x[0, 1, 3, 3] = np.finfo(np.float32).min
+    compare(lambda t: t.max_pool2d(3, 2, padding=1), lambda t: F.max_pool2d(t, 3, 2, padding=1), [x], grad=False)
+
+
 def test_pool_1d_3d_and_python(device: str) -> None:
     compare(
         lambda t: t.max_pool2d((3,), 2, padding=1),

@@ -9,6 +9,7 @@ dilation, take every stride-th row); a convolution is then a broadcast multiply 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -221,6 +222,35 @@ class FunctionalMixin:
         n, o_at = len(lead), 0 if disjoint else 1
         return x.permute(*range(n), *(n + 2 * i + o_at for i in range(nd)), *(n + 2 * i + 1 - o_at for i in range(nd)))
 
+    def _pool_offsets(
+        self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]
+    ) -> list[Tensor]:
+        """The windows of the last len(k) dims as one strided view per offset in the window, in row-major window
+        order: view[w][..., o] = x[..., o*stride + w*dil], each of shape (..., *out). Unlike `_pool`'s single view,
+        none repeats the input, so a gradient through them is a sum of prod(k) padded views of the input's size
+        (one fused kernel) rather than a sum over a repeated copy."""
+        nd = len(k)
+        lead, ins = self.shape[:-nd], self.shape[-nd:]
+        outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+        if any(o <= 0 for o in outs):
+            raise InputError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
+        views = []
+        for offset in itertools.product(*(range(kk) for kk in k)):
+            x = self
+            for i, (w, o, s, d) in enumerate(zip(offset, outs, stride, dilation)):
+                # the elements w*d, w*d + s, ... of this dim: cut o rows of s from w*d on, keep each row's first
+                ax = len(lead) + i
+                start, n = w * d, x.shape[ax]
+                x = x.shrink(
+                    tuple((0, m) if j != ax else (start, min(n, start + o * s)) for j, m in enumerate(x.shape))
+                )
+                x = x.pad(tuple((0, 0) if j != ax else (0, o * s - x.shape[ax]) for j in range(x.ndim)))
+                x = x.reshape(*x.shape[:ax], o, s, *x.shape[ax + 1 :])
+                x = x.shrink(tuple((0, m) if j != ax + 1 else (0, 1) for j, m in enumerate(x.shape)))
+                x = x.reshape(*x.shape[: ax + 1], *x.shape[ax + 2 :])
+            views.append(x)
+        return views
+
     # *** convolution ***
 
     @concrete_sizes("conv2d")
@@ -418,17 +448,32 @@ class FunctionalMixin:
         lead = ((0, 0),) * (self.ndim - nd)
         full = tuple((b, a + e) for (b, a), e in zip(pads, extra))
         low = dtypes.min(self.dtype)
-        windows = self.pad(lead + full, value=low)._pool(k, s, d)
-        axes = tuple(range(-nd, 0))
-        out = windows.max(axes)
+        views = self.pad(lead + full, value=low)._pool_offsets(k, s, d)
+        # each window's value is its first maximum (a NaN counts as one), chosen by comparisons that carry no
+        # gradient: the gradient then flows to that one element, as torch's max_pool does, also where a window
+        # holds the max more than once (zeros after a ReLU). The offset of that element in its window is stored
+        # (a byte per window), so that the backward, one kernel over the input, reads it instead of recomputing
+        # every window's max for each of the windows an element is in.
+        flat = [v.detach() for v in views]
+        top = functools.reduce(lambda a, b: a.maximum(b), flat)
+        last = len(views) - 1
+        pick = type(self).full(top.shape, last, dtype=dtypes.uint8 if last < 256 else dtypes.int32, device=self.device)
+        for offset in reversed(range(last)):
+            v = flat[offset]
+            hit = v.eq(top) | v.isnan() if dtypes.is_float(v.dtype) else v.eq(top)
+            pick = hit.where(offset, pick).cast(pick.dtype)
+        pick = pick.contiguous()
+        # a sum of terms all 0 but the picked one (not nested selects): each view's gradient is then one comparison
+        out = functools.reduce(lambda a, b: a + b, (pick.eq(i).where(v, 0) for i, v in enumerate(views)))
         if not return_indices:
             return out
         plane = self.shape[-nd:]
         pos = type(self).arange(math.prod(plane), dtype=dtypes.int64, device=self.device).reshape(plane)
-        pos_windows = pos.pad(full, value=-1)._pool(k, s, d)
-        hit = windows.eq(out.reshape(*out.shape, *(1,) * nd))
-        first = hit.where(pos_windows, 2**62).min(axes)
-        return out, first
+        spots = pos.pad(full, value=-1)._pool_offsets(k, s, d)
+        index = spots[-1]
+        for offset in reversed(range(last)):
+            index = pick.eq(offset).where(spots[offset], index)
+        return out, index
 
     @concrete_sizes("max_unpool2d")
     def max_unpool2d(
