@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch_reference import compare, rand
 
 from lazygrad import Tensor
@@ -194,6 +196,44 @@ def test_max_pool_gradient_goes_to_the_first_max_of_a_window(
     compare(
         lambda t: t.max_pool2d(k, stride, dilation, padding, ceil_mode, return_indices=True),
         lambda t: F.max_pool2d(t, k, stride, padding, dilation, ceil_mode, return_indices=True),
+        [x],
+        grad=False,
+    )
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    k=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    stride=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    size=st.tuples(st.integers(1, 11), st.integers(1, 11)),
+    ceil_mode=st.booleans(),
+    ties=st.booleans(),
+    data=st.data(),
+)
+def test_max_pool_matches_torch_on_random_windows(
+    k: tuple[int, int],
+    stride: tuple[int, int],
+    dilation: tuple[int, int],
+    size: tuple[int, int],
+    ceil_mode: bool,
+    ties: bool,
+    data: st.DataObject,
+) -> None:
+    padding = tuple(data.draw(st.integers(0, kk // 2)) for kk in k)  # torch allows at most half the kernel
+    span = [(kk - 1) * d + 1 for kk, d in zip(k, dilation)]
+    assume(all(n + 2 * p >= sp for n, p, sp in zip(size, padding, span)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = (rng.integers(-2, 3, (1, 2, *size)) if ties else rng.standard_normal((1, 2, *size))).astype(np.float32)
+    compare(
+        lambda t: t.max_pool2d(k, stride, dilation, padding, ceil_mode),
+        lambda t: F.max_pool2d(t, k, stride, padding, dilation, ceil_mode),
+        [x],
+        grad_tol=(1e-5, 1e-6),
+    )
+    compare(
+        lambda t: t.max_pool2d(k, stride, dilation, padding, ceil_mode, return_indices=True)[1],
+        lambda t: F.max_pool2d(t, k, stride, padding, dilation, ceil_mode, return_indices=True)[1],
         [x],
         grad=False,
     )

@@ -37,6 +37,13 @@ def _tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     return t
 
 
+def _pool_reach(ins: Sequence[int], k: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> list[int]:
+    """Per windowed dim, the length `Tensor._pool_offsets` cuts into rows: (out + (k-1)*dil // stride) * stride, at
+    least the input's."""
+    outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+    return [max(n, (o + (kk - 1) * d // s) * s) for n, kk, s, d, o in zip(ins, k, stride, dilation, outs)]
+
+
 def _pads(padding: int | str | Sequence[int], k: tuple[int, ...], dilation: tuple[int, ...]) -> list[list[int]]:
     """[before, after] per spatial dim from torch's forms: an int, one int per dim, "valid", "same", or a flat
     (left, right, top, bottom, ...) tuple that starts at the last dim (tinygrad's and F.pad's order)."""
@@ -227,28 +234,38 @@ class FunctionalMixin:
     ) -> list[Tensor]:
         """The windows of the last len(k) dims as one strided view per offset in the window, in row-major window
         order: view[w][..., o] = x[..., o*stride + w*dil], each of shape (..., *out). Unlike `_pool`'s single view,
-        none repeats the input, so a gradient through them is a sum of prod(k) padded views of the input's size
-        (one fused kernel) rather than a sum over a repeated copy."""
+        none repeats the input.
+
+        The input is cut into rows of `stride` elements and each view is one column of `out` consecutive rows, so
+        the input must reach (out + (k-1)*dil // stride) * stride elements (`_pool_reach`): it is padded once, with
+        zeros no view reads, where it is shorter. A caller that pads the input anyway pads that far itself, so that
+        its pad is the only one (the scheduler stores an expression it must not pad, a reciprocal say, before each
+        pad of it)."""
         nd = len(k)
         lead, ins = self.shape[:-nd], self.shape[-nd:]
         outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
         if any(o <= 0 for o in outs):
             raise InputError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
+        reach = _pool_reach(ins, k, stride, dilation)
+        x = self
+        if reach != list(ins):
+            x = x.pad(tuple((0, 0) for _ in lead) + tuple((0, r - n) for r, n in zip(reach, ins)))
         views = []
         for offset in itertools.product(*(range(kk) for kk in k)):
-            x = self
-            for i, (w, o, s, d) in enumerate(zip(offset, outs, stride, dilation)):
-                # the elements w*d, w*d + s, ... of this dim: cut o rows of s from w*d on, keep each row's first
-                ax = len(lead) + i
-                start, n = w * d, x.shape[ax]
-                x = x.shrink(
-                    tuple((0, m) if j != ax else (start, min(n, start + o * s)) for j, m in enumerate(x.shape))
+            v = x
+            for i, (w, o, s, d, r) in enumerate(zip(offset, outs, stride, dilation, reach)):
+                # x[o'*s + w*d] = rows[o' + q][c] for w*d = q*s + c: the input cut into rows of s, every offset
+                # with the same c one column of them
+                ax, (q, c) = len(lead) + i, divmod(w * d, s)
+                v = v.shrink(tuple((0, m) if j != ax else (0, r // s * s) for j, m in enumerate(v.shape)))
+                v = v.reshape(*v.shape[:ax], r // s, s, *v.shape[ax + 1 :])
+                v = v.shrink(
+                    tuple(
+                        (q, q + o) if j == ax else (c, c + 1) if j == ax + 1 else (0, m) for j, m in enumerate(v.shape)
+                    )
                 )
-                x = x.pad(tuple((0, 0) if j != ax else (0, o * s - x.shape[ax]) for j in range(x.ndim)))
-                x = x.reshape(*x.shape[:ax], o, s, *x.shape[ax + 1 :])
-                x = x.shrink(tuple((0, m) if j != ax + 1 else (0, 1) for j, m in enumerate(x.shape)))
-                x = x.reshape(*x.shape[: ax + 1], *x.shape[ax + 2 :])
-            views.append(x)
+                v = v.reshape(*v.shape[: ax + 1], *v.shape[ax + 2 :])
+            views.append(v)
         return views
 
     # *** convolution ***
@@ -448,6 +465,9 @@ class FunctionalMixin:
         lead = ((0, 0),) * (self.ndim - nd)
         full = tuple((b, a + e) for (b, a), e in zip(pads, extra))
         low = dtypes.min(self.dtype)
+        # one pad: the window padding and the tail the strided views reach
+        padded = [n + b + a for n, (b, a) in zip(self.shape[-nd:], full)]
+        full = tuple((b, a + r - n) for (b, a), n, r in zip(full, padded, _pool_reach(padded, k, s, d)))
         views = self.pad(lead + full, value=low)._pool_offsets(k, s, d)
         # each window's value is its first maximum (a NaN counts as one), chosen by comparisons that carry no
         # gradient: the gradient then flows to that one element, as torch's max_pool does, also where a window
@@ -470,7 +490,7 @@ class FunctionalMixin:
         plane = self.shape[-nd:]
         pos = type(self).arange(math.prod(plane), dtype=dtypes.int64, device=self.device).reshape(plane)
         spots = pos.pad(full, value=-1)._pool_offsets(k, s, d)
-        index = spots[-1]
+        index = spots[-1].expand(*pick.shape)
         for offset in reversed(range(last)):
             index = pick.eq(offset).where(spots[offset], index)
         return out, index
