@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from codegen_cases import Case, check, run_python
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st_
 
 from lazygrad_codegen import Kernel, KernelOptError, Opt, OptOps, get_program, staging, tiling
@@ -167,13 +167,18 @@ def test_full_size_default_is_eight_warps_on_a_128x128_tile() -> None:
         (ASYNC_TC_GPU, dtypes.float16, (1, 32, 16, 32), [*TC]),
     ],
 )
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [2, 3, 4])
 def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts, stages: int) -> None:
     spec = _staged_run(bmm(*shape, dtype), renderer, [*opts, Opt(OptOps.STAGE, None, None if stages == 2 else stages)])
     ops = _ops(spec)
     # the copies of steps 0 .. stages-2 before the loop, those of stages-1 steps ahead inside it after a wait and a
     # barrier; each wait leaves stages-2 groups in flight (the PYTHON device lands a group no earlier than that)
     loop = ops.index(Ops.RANGE)
+    # one barrier per step: the reads of local memory follow the copies with none between them
+    assert ops[loop:].count(Ops.BARRIER) == 1
+    last_copy = len(ops) - ops[::-1].index(Ops.ASYNC_COPY)
+    local_reads = [i for i, u in enumerate(spec.uops) if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_LOCAL]
+    assert local_reads and min(local_reads) > last_copy
     assert ops[:loop].count(Ops.ASYNC_WAIT) == stages - 2 and Ops.ASYNC_WAIT in ops[loop:]
     assert Ops.ASYNC_COPY in ops[:loop]
     loop_wait = loop + ops[loop:].index(Ops.ASYNC_WAIT)
@@ -184,6 +189,37 @@ def test_pipelined_asynchronous_copies(renderer, dtype: DType, shape, opts, stag
         o.slot * stages for o in plan(Kernel(bmm_ast(*shape, dtype), renderer).apply_opts(list(spec.opts)))
     }
     assert _loads_feeding(spec, Ops.WMMA) == {Ops.DEFINE_LOCAL}
+
+
+@given(
+    st_.integers(1, 2),
+    st_.integers(9, 48),
+    st_.integers(1, 6).map(lambda x: 8 * x),
+    st_.integers(6, 20).map(lambda x: 8 * x),
+    st_.sampled_from([dtypes.float16, dtypes.bfloat16]),
+    st_.sampled_from([3, 4]),
+    st_.booleans(),
+)
+@example(1, 32, 32, 128, dtypes.float16, 4, True)  # multiples of the tensor core's tile
+@example(2, 40, 24, 72, dtypes.bfloat16, 3, False)  # padded M and N, an odd number of steps
+@settings(max_examples=6, deadline=None)
+def test_deep_pipelines_match_numpy_on_random_shapes(batch, m, n, k, dtype, stages, ldmatrix) -> None:
+    # the default tile of the shape with its STAGE made 3 or 4 stages (where the buffers fit; else the tensor core
+    # alone, staged so): the slots wrap around, the last stages-1 steps' copies are gated off, and one barrier a step
+    # still keeps a slot from being overwritten while a warp reads it. Rows of whole 16-byte copies (N and K
+    # multiples of 8), as cp.async needs; M, N and K are and are not multiples of the tiles
+    renderer = LDMATRIX_GPU if ldmatrix else ASYNC_TC_GPU
+    case = bmm(batch, m, n, k, dtype)
+    default = hand_coded_optimizations(Kernel(case.ast, renderer)).applied_opts
+    opts = [*(o for o in default if o.op is not OptOps.STAGE), Opt(OptOps.STAGE, None, stages)]
+    try:
+        Kernel(case.ast, renderer).apply_opts(opts)
+    except KernelOptError:
+        opts = [*TC, Opt(OptOps.STAGE, None, stages)]
+    spec = _staged_run(case, renderer, opts)
+    ops = _ops(spec)
+    assert Ops.ASYNC_COPY in ops and ops[ops.index(Ops.RANGE) :].count(Ops.BARRIER) == 1
+    assert {int(u.arg or 0) for u in spec.uops if u.op is Ops.ASYNC_WAIT} == {stages - 2}
 
 
 # *** ldmatrix ***
@@ -284,12 +320,13 @@ def test_staged_tiles_vary_warps_register_tile_k_step_and_stages() -> None:
     assert {t.workgroup_threads() // 32 for t in tiles} == {4, 8}
     assert {t.lanes(AxisType.UPCAST) for t in tiles} == {4, 8, 16}
     assert {16 * t.lanes(AxisType.UNROLL) for t in tiles} == {16, 32}
-    assert {t.stages for t in tiles} == {1, 2, 3}
+    assert {t.stages for t in tiles} == {1, 2, 3, 4}
     # the largest tiles (256 rows of A over 4 warps along M) need more than 48 KB with both stages' buffers, and the
     # default 128x128 tile with K step 32 does with three (57 KB): not offered
-    assert len(tiles) < 3 * 4 * 5 * 2
+    assert len(tiles) < 4 * 4 * 5 * 2
     default = tuple(hand_coded_optimizations(Kernel(ast, ASYNC_TC_GPU)).applied_opts)
     assert (*default[:-1], Opt(OptOps.STAGE, None, 3)) not in opts
+    assert (*default[:-1], Opt(OptOps.STAGE, None, 4)) not in opts
     # not matmul-like, or with opts already: nothing to offer
     assert tiling.staged_tiles(Kernel(ast, ASYNC_TC_GPU).apply_opts([Opt(OptOps.UPCAST, 0, 2)])) == []
 
@@ -298,11 +335,12 @@ def test_one_stage_keeps_synchronous_copies() -> None:
     case = bmm(1, 64, 32, 96, dtypes.float16)
     spec = _staged_run(case, ASYNC_TC_GPU, [*TC, Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.STAGE, None, 1)])
     assert Ops.ASYNC_COPY not in _ops(spec) and Ops.ASYNC_WAIT not in _ops(spec)
-    with pytest.raises(KernelOptError, match="1, 2 or 3 pipeline stages"):
-        Kernel(case.ast, ASYNC_TC_GPU).apply_opts([*TC, Opt(OptOps.STAGE, None, 4)])
-    # a third stage only pipelines asynchronous copies
-    with pytest.raises(KernelOptError, match="3 pipeline stages need asynchronous copies"):
-        Kernel(case.ast, TC_GPU).apply_opts([*TC, Opt(OptOps.STAGE, None, 3)])
+    with pytest.raises(KernelOptError, match="1 to 4 pipeline stages"):
+        Kernel(case.ast, ASYNC_TC_GPU).apply_opts([*TC, Opt(OptOps.STAGE, None, 5)])
+    # a third or fourth stage only pipelines asynchronous copies
+    for stages in (3, 4):
+        with pytest.raises(KernelOptError, match=f"{stages} pipeline stages need asynchronous copies"):
+            Kernel(case.ast, TC_GPU).apply_opts([*TC, Opt(OptOps.STAGE, None, stages)])
 
 
 def test_beam_times_the_staged_tiles_and_returns_a_correct_cached_program(tmp_path, monkeypatch) -> None:

@@ -26,6 +26,8 @@ from cuda.pathfinder import DynamicLibNotFoundError
 from lazygrad_cuda import allocator, device, errors, graph, program
 
 OK = real_driver.CUresult.CUDA_SUCCESS
+# shared memory any kernel may use without opting in
+STATIC_SHARED = 48 * 1024
 
 # A host implementation of a kernel: (grid, block, buffer addresses, int values) -> None.
 HostKernel = Callable[[tuple[int, int, int], tuple[int, int, int], list[int], list[int]], None]
@@ -61,6 +63,7 @@ class Node:
     block: tuple[int, int, int]
     bufs: list[int]
     vals: list[int]
+    shared: int = 0
 
 
 @dataclass
@@ -89,6 +92,9 @@ class FakeDriver:
         self.kernels: dict[str, FakeKernel] = {}
         self.function_names: dict[int, str] = {}
         self.launched: list[str] = []  # names of the kernels run, in order
+        # function -> the dynamic shared memory it was opted in to (cuFuncSetAttribute); a launch with more than
+        # STATIC_SHARED bytes without it fails, as the driver's does
+        self.max_dynamic_shared: dict[int, int] = {}
         self.g = Graphs()
         self._checking = False
         d = real_driver
@@ -114,6 +120,7 @@ class FakeDriver:
             "cuMemcpyDtoDAsync": lambda dst, src, n, stream: self._copy(dst, src, n),
             "cuMemcpyPeerAsync": lambda dst, dctx, src, sctx, n, stream: self._copy(dst, src, n),
             "cuModuleLoadData": lambda image: (d.CUmodule(next(self.handles)),),
+            "cuFuncSetAttribute": self._set_attribute,
             "cuModuleGetFunction": self._get_function,
             "cuLaunchKernel": self._launch,
             "cuGraphCreate": self._graph_create,
@@ -149,7 +156,11 @@ class FakeDriver:
             self.calls.append((name, args))
             if (err := self.fail.pop(name, None)) is not None:
                 return (err, None)
-            return (OK, *answer(*args))
+            answered = answer(*args)
+            # an answer that starts with a status is a failure the stand-in itself reports (a refused launch)
+            if answered and isinstance(answered[0], real_driver.CUresult):
+                return answered
+            return (OK, *answered)
 
         return call
 
@@ -174,6 +185,15 @@ class FakeDriver:
         ctypes.memmove(int(dst), int(src), n)
         return ()
 
+    def _set_attribute(self, function: Any, attribute: Any, value: int) -> tuple:
+        if attribute == real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            self.max_dynamic_shared[int(function)] = int(value)
+        return ()
+
+    def _shared_refused(self, function: Any, shared: int) -> bool:
+        """Whether the driver would refuse a launch of `function` with `shared` bytes of dynamic shared memory."""
+        return shared > max(STATIC_SHARED, self.max_dynamic_shared.get(int(function), 0))
+
     def _get_function(self, module: Any, name: bytes) -> tuple:
         function = real_driver.CUfunction(next(self.handles))
         self.function_names[int(function)] = name.decode()
@@ -196,6 +216,8 @@ class FakeDriver:
             kernel.run(grid, block, bufs, vals)
 
     def _launch(self, function: Any, gx, gy, gz, bx, by, bz, shared, stream, params, extra) -> tuple:
+        if self._shared_refused(function, shared):
+            return (real_driver.CUresult.CUDA_ERROR_INVALID_VALUE,)
         bufs, vals = self._decode(function, params)
         self._run(int(function), (gx, gy, gz), (bx, by, bz), bufs, vals)
         return ()
@@ -204,7 +226,7 @@ class FakeDriver:
         bufs, vals = self._decode(params.func, params.kernelParams)
         grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
         block = (params.blockDimX, params.blockDimY, params.blockDimZ)
-        return Node([int(x) for x in deps], int(params.func), grid, block, bufs, vals)
+        return Node([int(x) for x in deps], int(params.func), grid, block, bufs, vals, int(params.sharedMemBytes))
 
     def _graph_create(self, flags: int) -> tuple:
         graph_ = real_driver.CUgraph(next(self.handles))
@@ -214,6 +236,8 @@ class FakeDriver:
     def _add_node(self, graph_: Any, deps: list, n: int, params: Any) -> tuple:
         nodes = self.g.graphs[int(graph_)]
         assert n == len(deps) and all(int(x) in nodes for x in deps), "a dependency that is not a node of the graph"
+        if self._shared_refused(params.func, params.sharedMemBytes):
+            return (real_driver.CUresult.CUDA_ERROR_INVALID_VALUE, None)
         node = real_driver.CUgraphNode(next(self.handles))
         nodes[int(node)] = self._node(deps, params)
         return (node,)

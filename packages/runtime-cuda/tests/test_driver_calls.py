@@ -139,6 +139,40 @@ def test_launch_arguments_and_timing(fake: FakeDriver) -> None:
         prog(*bufs, vals=(0, 0), global_size=(0, 1, 1))
 
 
+def _ptx_with_dynamic_shared(nbytes: int) -> bytes:
+    """A stand-in module as the driver reads PTX, with the constant the renderer writes for dynamic shared memory."""
+    from lazygrad_cuda.renderer import DYNAMIC_SHARED_SYMBOL
+
+    return f".version 8.0\n.const .align 4 .u32 {DYNAMIC_SHARED_SYMBOL} = {nbytes};\n".encode() + b"\0"
+
+
+def test_a_kernel_with_dynamic_shared_memory_is_opted_in_and_launched_with_it(fake: FakeDriver) -> None:
+    gpu = device.CUDADevice("CUDA")
+    nbytes = 96 * 1024
+    prog = gpu.load_program("r_4", _ptx_with_dynamic_shared(nbytes))
+    attribute = real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert fake.args_of("cuFuncSetAttribute") == [(prog.function, attribute, nbytes)]
+    fake.param_shape = (1, 0)
+    prog(gpu.allocator.alloc(16), global_size=(2, 1, 1), local_size=(128, 1, 1))
+    assert fake.args_of("cuLaunchKernel")[-1][7] == nbytes
+    # a module without the constant: no attribute, no dynamic shared memory
+    plain = gpu.load_program("E_4", b"\x7fELF stand-in cubin")
+    assert len(fake.args_of("cuFuncSetAttribute")) == 1 and plain.dynamic_shared == 0
+    plain(gpu.allocator.alloc(16))
+    assert fake.args_of("cuLaunchKernel")[-1][7] == 0
+    # the stand-in refuses what the driver refuses: more than the static limit without opting in
+    fake.max_dynamic_shared.clear()
+    with pytest.raises(CUDAError, match="cuLaunchKernel"):
+        prog(gpu.allocator.alloc(16))
+
+
+def test_a_gpu_refusing_the_shared_memory_attribute_is_an_error_naming_it(fake: FakeDriver) -> None:
+    gpu = device.CUDADevice("CUDA")
+    fake.fail["cuFuncSetAttribute"] = real_driver.CUresult.CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(CUDAError, match="max dynamic shared memory 307200 bytes"):
+        gpu.load_program("r_4", _ptx_with_dynamic_shared(300 * 1024))
+
+
 def test_engine_copies_between_two_gpus_peer_to_peer(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     import lazygrad.engine as engine
     from lazygrad_uop.device import Buffer

@@ -97,6 +97,24 @@ def test_nodes_are_chained_in_order_and_instantiated(fake: FakeDriver) -> None:
 
 
 @no_driver
+def test_kernel_nodes_carry_each_programs_dynamic_shared_memory(fake: FakeDriver) -> None:
+    from lazygrad_cuda.renderer import DYNAMIC_SHARED_SYMBOL
+
+    gpu = device.CUDADevice("CUDA")
+    # a PTX module as the driver reads it, with the constant the renderer writes for 80 KB of dynamic shared memory
+    image = f".const .align 4 .u32 {DYNAMIC_SHARED_SYMBOL} = {80 * 1024};\n".encode() + b"\0"
+    big, plain = gpu.load_program("r_4", image), gpu.load_program("E_4", STAND_IN_CUBIN)
+    a, b = gpu.allocator.alloc(16), gpu.allocator.alloc(16)
+    fake.param_shape = (2, 0)
+    g = graph.CUDAGraph(gpu, [KernelLaunch(big, (a, b), (4, 1, 1)), KernelLaunch(plain, (b, a), (4, 1, 1))])
+    assert [args[3].sharedMemBytes for args in fake.args_of("cuGraphAddKernelNode")] == [80 * 1024, 0]
+    g.update({0: KernelLaunch(big, (b, a), (2, 1, 1))})
+    assert fake.args_of("cuGraphExecKernelNodeSetParams")[-1][2].sharedMemBytes == 80 * 1024
+    g()
+    assert [n.shared for n in fake.g.execs[int(g.exec)].values()] == [80 * 1024, 0]
+
+
+@no_driver
 def test_replays_launch_on_the_stream_and_time_with_events(fake: FakeDriver) -> None:
     gpu = device.CUDADevice("CUDA")
     prog = gpu.load_program("E_4", STAND_IN_CUBIN)

@@ -42,6 +42,11 @@ def _conv_passes(dtype: DType) -> list[Tensor]:
     return [out, *out.gradient(x, w, gradient=_t(64, 64, 56, 56, dtype=dtype))]
 
 
+def _staged(spec) -> bool:
+    """Whether `spec` was staged (with any number of pipeline stages)."""
+    return any(o.op is OptOps.STAGE for o in spec.opts)
+
+
 def _matmul_like(ast) -> bool:
     """A kernel with one sum whose operand is a product (the ones that must be staged)."""
     reduces = [u for u in ast.toposort if u.op is Ops.REDUCE_AXIS]
@@ -73,13 +78,13 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
             if si.ast.op is not Ops.SINK or not _matmul_like(si.ast):
                 continue
             spec = get_program(si.ast, renderer)
-            assert Opt(OptOps.STAGE) in spec.opts, f"{what}: {spec.name} is not staged: {spec.opts}"
+            assert _staged(spec), f"{what}: {spec.name} is not staged: {spec.opts}"
             if "fp32" not in what:
                 assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
             if "odd" in what:
                 assert math.prod(spec.local_size) == 256, f"{what}: {spec.name} {spec.local_size} {spec.opts}"
             elif "matmul" in what and "fp32" not in what:
-                # whole 16-byte rows of both operands: copied by cp.async in a two-stage pipeline
+                # whole 16-byte rows of both operands: copied by cp.async in a pipeline
                 assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
                 # fragments read from shared memory as 8x8 matrices, B's transposed
                 assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in spec.src, f"{what}: {spec.name} has no ldmatrix"
@@ -137,12 +142,12 @@ def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, cout: int
     # the input gradient: one staged kernel, as many workgroups as the forward's
     (dx_item,) = dx.schedule()
     dx_spec = get_program(dx_item.ast, renderer)
-    assert Opt(OptOps.STAGE) in dx_spec.opts and not _spills(dx_spec)
+    assert _staged(dx_spec) and not _spills(dx_spec)
     # the weight gradient: a staged kernel of parts with a workgroup or more per multiprocessor (unsplit, its 64 x 576
     # outputs made 9), then their sum, which reads at most SPLIT_K_MAX values per weight
     parts_item, sum_item = dw.schedule()
     spec = get_program(parts_item.ast, renderer)
-    assert Opt(OptOps.STAGE) in spec.opts, spec.opts
+    assert _staged(spec), spec.opts
     assert math.prod(spec.global_size) >= renderer.compute_units == 132
     # 4 warps on tensor cores (two along the 64 or 128 output channels), 64 threads or more on FMA units
     assert math.prod(spec.local_size) >= (128 if dtype == dtypes.float16 else 64), spec.local_size
@@ -251,3 +256,56 @@ def test_three_stage_pipeline_compiles_without_spills() -> None:
     spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*opts, Opt(OptOps.STAGE, None, 3)])
     assert "cp.async.wait_group 1;" in spec.src and "cp.async.wait_group 0;" not in spec.src
     assert not _spills(spec)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_default_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch: str) -> None:
+    from lazygrad_codegen.kernel_ast import matmul
+    from lazygrad_cuda.compiler import dynamic_shared
+
+    renderer = CUDARenderer(arch, TENSOR_CORES[arch])
+    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer)
+    assert spec.opts[-1] == Opt(OptOps.STAGE, None, 4), spec.opts
+    # four slots per operand: 128 rows of A by 32 of K (rows padded by 8 halves), 32 rows of B by 128 of N (+8)
+    want = 4 * (128 * (32 + 8) + 32 * (128 + 8)) * 2
+    assert sum(u.dtype.size * u.dtype.base.itemsize for u in spec.uops if u.op is Ops.DEFINE_LOCAL) == want
+    assert 48 * 1024 < want <= renderer.shared_max
+    assert "extern __shared__" in spec.src and "__shared__ __align__(16) half" not in spec.src
+    # each step waits for its own group with the next two in flight, and has one barrier
+    ((_, body),) = [loop for loop in _loops(spec.src) if any("cp.async" in line for line in loop[1])]
+    assert sum("__syncthreads();" in line for line in body) == 1
+    assert sum("cp.async.wait_group 2;" in line for line in body) == 1
+    # the copies of three steps ahead come before the fragments they overlap
+    first_ldmatrix = next(i for i, line in enumerate(body) if "ldmatrix" in line)
+    assert max(i for i, line in enumerate(body) if "cp.async.cg" in line) < first_ldmatrix
+    # the byte count travels in the binary, cubin or PTX, for the program to launch it with
+    for nvrtc_arch in (arch, arch.replace("sm_", "compute_")):
+        out = nvrtc_compile(spec.src, nvrtc_arch, spec.name, options=("--ptxas-options=-v",))
+        assert dynamic_shared(out.cubin if out.cubin is not None else out.ptx + b"\0") == want
+        if out.cubin is not None:
+            assert "0 bytes spill stores, 0 bytes spill loads" in out.log, out.log
+    # a kernel whose buffers fit the static limit declares them statically, and its binary asks for none
+    small = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*spec.opts[:-1], Opt(OptOps.STAGE)])
+    assert "extern __shared__" not in small.src
+    assert dynamic_shared(nvrtc_compile(small.src, arch, small.name).cubin) == 0
+
+
+def test_shared_memory_limits_are_each_architectures_opt_in_maximum() -> None:
+    # CUDA C Programming Guide, maximum shared memory per thread block: 163 KB on sm_80, 99 KB on sm_86 and sm_89,
+    # 227 KB on sm_90; the static 48 KB where the renderer knows of no opt-in
+    kb = {arch: CUDARenderer(arch).shared_max / 1024 for arch in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_52")}
+    assert kb == {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_52": 48}
+
+
+def test_default_takes_the_deepest_pipeline_that_fits_the_shared_memory() -> None:
+    from lazygrad_codegen.kernel_ast import matmul
+
+    # a stage of the default 128x128 tile at K step 32 is 128 x (32 + 8) + 32 x (128 + 8) halves, 18.9 KB: every
+    # architecture from sm_80 on holds four; a GPU with less shared memory gets as many as fit, two at least
+    stage = (128 * (32 + 8) + 32 * (128 + 8)) * 2
+    for limit_kb, stages in ((227, 4), (99, 4), (60, 3), (48, 2)):
+        renderer = CUDARenderer("sm_90", TENSOR_CORES["sm_90"])
+        renderer.shared_max = limit_kb * 1024
+        spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer)
+        assert spec.opts[-1].op is OptOps.STAGE and (spec.opts[-1].arg or 2) == stages, (limit_kb, spec.opts)
+        assert stages == max(n for n in (2, 3, 4) if n * stage <= renderer.shared_max)

@@ -9,8 +9,8 @@ or a method to override:
 - the kernel: `kernel_prefix` (`__kernel`, `extern "C" __global__`), `launch_attributes` (its work-group size),
   parameters (`buffer_prefix`/`buffer_suffix`, `arg_int_prefix`, `render_param`, `extra_params`), the lines before
   it (`prelude`, `render_prelude`, `render_helpers`) and the assembly of all of it (`render_kernel`);
-- hardware indices (`code_for_workitem`, `render_workitem`), local memory (`smem_prefix`, `local_pointer_prefix`)
-  and `barrier`;
+- hardware indices (`code_for_workitem`, `render_workitem`), local memory (`smem_prefix`, `local_pointer_prefix`,
+  `render_local_memory`) and `barrier`;
 - types (`type_map`, `render_dtype`, `render_vector_type`), constants, casts and bitcasts (`render_const`,
   `render_cast`, `render_bitcast`), the expression of each op (`code_for_op`, `render_alu`: math function names,
   half and bfloat16 computed in float);
@@ -311,6 +311,11 @@ class CStyleLanguage(Renderer):
         `has_ldmatrix`."""
         raise NotImplementedError(f"{type(self).__name__} has no ldmatrix (has_ldmatrix is False)")
 
+    def render_local_memory(self, buffers: list[tuple[str, DType, int]]) -> list[str]:
+        """The body lines that declare the kernel's local memory: one array per buffer (name, element dtype,
+        elements), in the order of its DEFINE_LOCALs."""
+        return [f"  {self.smem_prefix}{self.render_dtype(dt)} {name}[{size}];" for name, dt, size in buffers]
+
     def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
         """The whole source: prelude and helpers, the signature with `params` (name, dtype) in order, and the body
         lines of the linear program `uops`."""
@@ -371,7 +376,7 @@ class CStyleLanguage(Renderer):
 
         r: dict[UOp, str] = {}
         params: list[tuple[str, DType]] = []
-        shared: list[str] = []
+        shared: list[tuple[str, DType, int]] = []
         lines: list[str] = []
         counter: dict[str, int] = {}
         indent = 1
@@ -406,7 +411,7 @@ class CStyleLanguage(Renderer):
                     raise ValueError(f"DEFINE_LOCAL {u.arg!r} needs a pointer dtype of known size, got {u.dtype!r}")
                 r[u] = u.arg if isinstance(u.arg, str) and u.arg.isidentifier() else f"temp{u.arg}"
                 # local memory is declared at kernel scope (OpenCL and Metal require it): first in the body
-                shared.append(f"  {self.smem_prefix}{self.render_dtype(u.dtype.base)} {r[u]}[{u.dtype.size}];")
+                shared.append((r[u], u.dtype.base, u.dtype.size))
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, u.dtype)
             elif op is Ops.VCONST:
@@ -482,7 +487,7 @@ class CStyleLanguage(Renderer):
                 value(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
             else:
                 raise NotImplementedError(f"{type(self).__name__} can't render {op} yet")
-        return self.render_kernel(kernel_function_name(uops), shared + lines, params, uops)
+        return self.render_kernel(kernel_function_name(uops), self.render_local_memory(shared) + lines, params, uops)
 
 
 class CRenderer(CStyleLanguage):

@@ -24,8 +24,8 @@ kernel the same way:
 - `STAGE`: the workgroup copies the tiles of the reduction's operands into local memory once per reduce step and
   reads them from there (`lazygrad_codegen.staging`); only SWAP may follow it, since the tiles are sized by then.
   `STAGE` with arg 1 keeps one stage (copies, then a barrier, in every step) where the renderer could pipeline
-  asynchronous copies over two (arg None or 2, the default); arg 3 pipelines them over three (asynchronous copies
-  only, three buffers per operand).
+  asynchronous copies over two (arg None or 2, the default); arg 3 or 4 pipelines them over three or four
+  (asynchronous copies only, a buffer per stage and operand).
 
 `axis` is an index into the kernel's GLOBAL axes for UPCAST, LOCAL and SWAP, into its REDUCE axes for UNROLL, GROUP
 and GROUPTOP. `amt` 0 means the whole axis. An opt that does not fit the kernel or the renderer's limits raises
@@ -233,8 +233,8 @@ class Kernel:
     reduce_mask: UOp | None = field(init=False, default=None)
     # STAGE: the reduction's operands are copied through local memory (`lazygrad_codegen.staging`)
     staged: bool = field(init=False, default=False)
-    # STAGE's pipeline stages: 2 lets asynchronous copies of the next step overlap this one, 3 those of the next two,
-    # 1 does not pipeline
+    # STAGE's pipeline stages: 2 lets asynchronous copies of the next step overlap this one, 3 and 4 those of the
+    # next two and three, 1 does not pipeline
     stages: int = field(init=False, default=2)
 
     def __post_init__(self) -> None:

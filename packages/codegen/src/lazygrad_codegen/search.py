@@ -5,7 +5,7 @@ Each round extends every kernel of the beam by each opt of `ACTIONS` that is val
 runs each on the device on buffers of random data, drops any whose outputs differ from the unoptimised kernel's,
 and keeps the `width` fastest. The search starts from the fastest of the unoptimised kernel, the hand-coded
 heuristics' choice and, for matmul-like kernels on GPUs, the staged tiles around the default
-(`tiling.staged_tiles`: warps per workgroup, register tile, K step, one to three pipeline stages, which no single opt
+(`tiling.staged_tiles`: warps per workgroup, register tile, K step, one to four pipeline stages, which no single opt
 can vary once STAGE is applied), so the result is never slower than the default, and stops when a round finds
 nothing faster than the best so far (confirmed by timing both again) or after `BEAM_TIMEOUT` seconds. The chosen
 opts are cached on disk per (kernel, device, renderer), so a kernel is searched once per machine.

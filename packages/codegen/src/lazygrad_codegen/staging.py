@@ -15,7 +15,9 @@ The tile of an operand is the part of it that the workgroup reads in one step: t
 that vary inside a workgroup (LOCAL, TC_M/N/K, UPCAST, UNROLL) and that the operand reads. Each operand gets two
 buffers used in turn (by the parity of the step): a thread that writes step k+2's tile has passed step k+1's barrier,
 which every thread reaches only after its reads of step k, so one barrier per step is enough (with a single buffer
-step k+1's copies could overwrite what a slower warp still reads for step k).
+step k+1's copies could overwrite what a slower warp still reads for step k). A pipeline of asynchronous copies
+(`cp.async`) of S stages has S buffers, and copies each step's tiles S-1 steps ahead of its math (`Stager._build`),
+again with one barrier per step.
 
 Local layout: rows padded by 16 bytes when they are long, so the threads of a warp that read one column of a
 tile (a tensor-core fragment reads 8 rows of 4 words) hit different banks. On tensor cores the buffer keeps the
@@ -46,6 +48,8 @@ TILE_TYPES = frozenset({AxisType.LOCAL, AxisType.TC_M, AxisType.TC_N, AxisType.T
 COPY_BYTES = 16
 # rows of a local buffer at least this long (bytes) are padded by COPY_BYTES to spread columns over the banks
 PAD_FROM_BYTES = 64
+# the deepest pipeline STAGE builds: copies started up to MAX_STAGES - 1 steps ahead of the math
+MAX_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -254,12 +258,13 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
 def apply_stage(k: Kernel, stages: int | None = None) -> None:
     """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError.
     `stages` (the opt's arg): 1 for copies and a barrier in each step, 2 or None to pipeline asynchronous copies
-    where the renderer has them, 3 to start the copies of each step two steps ahead (asynchronous copies only)."""
+    where the renderer has them, 3 or 4 (`MAX_STAGES`) to start the copies of each step two or three steps ahead
+    (asynchronous copies only)."""
     r = k.renderer
-    if stages not in (None, 1, 2, 3):
-        raise KernelOptError(f"STAGE takes 1, 2 or 3 pipeline stages (or None for 2), got {stages!r}")
-    if stages == 3 and not r.has_async_copy:
-        raise KernelOptError(f"3 pipeline stages need asynchronous copies, which {type(r).__name__} lacks")
+    if stages not in (None, *range(1, MAX_STAGES + 1)):
+        raise KernelOptError(f"STAGE takes 1 to {MAX_STAGES} pipeline stages (or None for 2), got {stages!r}")
+    if stages is not None and stages > 2 and not r.has_async_copy:
+        raise KernelOptError(f"{stages} pipeline stages need asynchronous copies, which {type(r).__name__} lacks")
     if not (r.has_local and r.has_shared and k.use_locals):
         raise KernelOptError(f"STAGE needs local dimensions and shared memory, which {type(r).__name__} lacks")
     if k.staged:
@@ -313,7 +318,9 @@ class Stager:
         self.k = k = lowerer.k
         self.operands = {o.load: o for o in plan(k)}
         self.buffers: dict[UOp, UOp] = {}
-        self.barrier: UOp | None = None
+        # what the reads of local memory follow: the barrier after the copies, or (pipelined) the copies of a later
+        # step that they overlap
+        self.ready: UOp | None = None
 
     def _thread(self) -> tuple[UOp, int]:
         """The flat index of the thread in its workgroup (neighbouring lanes of a warp get neighbouring numbers), and
@@ -335,8 +342,8 @@ class Stager:
         return (step % o.slots) * o.slot
 
     def _asynchronous(self, n_threads: int) -> bool:
-        """Whether the copies can be `ASYNC_COPY`s: two or three stages (STAGE's default is two), a renderer that has
-        them, a reduce loop of int sizes, and every
+        """Whether the copies can be `ASYNC_COPY`s: two to `MAX_STAGES` stages (STAGE's default is two), a renderer
+        that has them, a reduce loop of int sizes, and every
         operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
         memory (not an FMA kernel's transposed tile)."""
         k = self.k
@@ -411,11 +418,17 @@ class Stager:
         reduction step may run.
 
         Synchronous: each step loads its tiles, stores them in its slot, one BARRIER. Asynchronous (cp.async), a
-        pipeline of S = 2 or 3 stages: before the loop, the copies of steps 0 .. S-2 start, each step's a group of its
-        own; each step waits for its own group (started S-1 steps earlier; the S-2 groups after it stay in flight), a
-        BARRIER (every thread's copies have landed, and every thread has finished reading, in the step before, the
-        slot that step + S-1 reuses), the copies of step + S-1 start into that slot, a second BARRIER (it orders the
-        reads after the copies were started, so that they overlap the math), then the reads."""
+        pipeline of S = 2 to `MAX_STAGES` stages: before the loop, the copies of steps 0 .. S-2 start, each step's a
+        group of its own; each step waits for its own group (started S-1 steps earlier; the S-2 groups after it stay
+        in flight), one BARRIER, the copies of step + S-1 start into the slot of step - 1, then the reads of this
+        step's slot.
+
+        The one BARRIER is enough: after it every thread's copies into this step's slot have landed (each waited for
+        its own, and the barrier makes them visible to the workgroup), and every thread has finished its reads of
+        step - 1, so no thread still reads the slot the new copies overwrite; nothing else reads or writes that slot
+        until step + S-1 waits for those copies behind its own BARRIER. The reads need only come after the copies
+        in program order, so that the copies overlap the math: a NOOP that follows the copies orders them, and is
+        nothing on the GPU."""
         k, lw = self.k, self.lw
         for n, (load, o) in enumerate(self.operands.items()):
             self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
@@ -444,7 +457,7 @@ class Stager:
         landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
         nxt = lw._flat(reduce_axes) + ahead
         started = self._copies(indices(nxt), nxt, True, (nxt < steps, landed))
-        return UOp(Ops.BARRIER, dtypes.void, tuple(started))
+        return UOp(Ops.NOOP, dtypes.void, tuple(started))
 
     def staged(self, load: UOp) -> bool:
         """Whether `load` is read from local memory."""
@@ -453,8 +466,8 @@ class Stager:
     def read(self, load: UOp, lanes: _Lanes) -> UOp:
         """The staged operand `load` in the lane context `lanes`: tensor-core fragments by `LDMATRIX` where the
         renderer has it and the layout fits (`ldmatrix_plan`), one read of local memory per lane otherwise."""
-        if self.barrier is None:
-            self.barrier = self._build()
+        if self.ready is None:
+            self.ready = self._build()
         o, buf = self.operands[load], self.buffers[load]
         local = dict(o.local_strides)
         base = self._slot_offset(o)
@@ -467,7 +480,7 @@ class Stager:
             lidx = base
             for a, stride in local.items():
                 lidx = lidx + idxs[a] * stride
-            out.append(UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), self.barrier)))
+            out.append(UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, buf.dtype, (buf, lidx)), self.ready)))
         return vectorize(out)
 
     def _ldmatrix(self, load: UOp, lanes: _Lanes) -> UOp | None:
@@ -525,7 +538,7 @@ class Stager:
                 if weight:
                     address = address + ((lane if b == 0 else lane // (1 << b)) % 2) * weight
             index = UOp(Ops.INDEX, buf.dtype, (buf, address))
-            frag = UOp(Ops.LDMATRIX, load.dtype.vec(2 * len(matrices)), (index, self.barrier), (len(matrices), trans))
+            frag = UOp(Ops.LDMATRIX, load.dtype.vec(2 * len(matrices)), (index, self.ready), (len(matrices), trans))
             for i, (elements, _) in enumerate(matrices):
                 for half_, element in enumerate(elements):
                     for e in element:

@@ -12,7 +12,9 @@ offers such a core):
     TC, UPCAST M x4, UPCAST N x4, LOCAL M x2, LOCAL N x4, UNROLL K x2, STAGE
 
 gives 8 warps of 64x32 outputs each, a 128x128 workgroup tile and 32 elements of the reduction per step; each element
-loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). On FMA units:
+loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). Where the copies are asynchronous
+(CUDA sm_80+) STAGE pipelines them over the most stages that fit the shared memory, up to four (`DEEP_STAGES`).
+On FMA units:
 
     UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
 
@@ -143,11 +145,27 @@ def _tile(k: Kernel) -> Kernel | None:
         if which in ("M", "N"):
             amounts = _leaving_warps(trial, which, amounts)
         _apply_first(trial, which, amounts)
-    try:
-        trial.apply_opt(Opt(OptOps.STAGE))
-    except KernelOptError:
-        return None
-    return trial
+    return _staged(trial)
+
+
+DEEP_STAGES = (4, 3)
+"""Pipeline stages the default tensor-core tile takes where the renderer copies asynchronously, deepest first: the
+first whose buffers fit its shared memory (two otherwise). A step's math (a 128x128x32 tile: about 140 ns on an
+H100's tensor cores) is far shorter than a copy's latency from L2 or HBM, so two stages leave the math waiting."""
+
+
+def _staged(k: Kernel) -> Kernel | None:
+    """`k` staged with the deepest pipeline that fits (`DEEP_STAGES` for tensor cores on a renderer with asynchronous
+    copies, else STAGE's default), or None when STAGE does not fit at all."""
+    deep = DEEP_STAGES if k.renderer.has_async_copy and k.tensor_core is not None else ()
+    for stages in (*deep, None):
+        trial = k.copy()
+        try:
+            trial.apply_opt(Opt(OptOps.STAGE, None, stages))
+        except KernelOptError:
+            continue
+        return trial
+    return None
 
 
 def tile_extents(k: Kernel) -> dict[str, int]:
@@ -285,7 +303,8 @@ TC_VARIANTS = {
     "K": (1, 2),
 }
 """The staged tensor-core tiles BEAM tries around the default: register tile (UPCAST M, N), warps (LOCAL M x N), and
-K step (UNROLL), each combination with one, two and (where its buffers fit the shared memory) three pipeline stages."""
+K step (UNROLL), each combination with one, two and (where its buffers fit the shared memory) three and four pipeline
+stages."""
 FMA_VARIANTS = {
     "M": (4, 8),
     "N": (4, 8),
@@ -313,7 +332,7 @@ def _apply_exact(k: Kernel, which: str, amount: int) -> bool:
 def staged_tiles(k: Kernel) -> list[Kernel]:
     """Staged tiles of the matmul-like kernel `k` (no opts applied yet) for BEAM to time: every combination of
     `TC_VARIANTS` (tensor cores) or `FMA_VARIANTS` that fits the kernel exactly, staged with two pipeline stages
-    and, for tensor cores on a renderer with asynchronous copies to pipeline, with one and with three. Each kernel
+    and, for tensor cores on a renderer with asynchronous copies to pipeline, with one, three and four. Each kernel
     returned has passed every opt's checks (threads, registers, shared memory), so it compiles; none repeats
     another's opts.
     Empty when `k` is not matmul-like, has opts, or its renderer lacks local and shared memory."""
@@ -335,7 +354,7 @@ def staged_tiles(k: Kernel) -> list[Kernel]:
         return []
     out: dict[tuple[Opt, ...], Kernel] = {}
     # the stages differ only where the copies can be asynchronous: tensor-core tiles on such a renderer
-    stages = (2, 3, 1) if r.has_async_copy and base.tensor_core is not None else (2,)
+    stages = (2, 3, 4, 1) if r.has_async_copy and base.tensor_core is not None else (2,)
     for m in variants["M"]:
         for n in variants["N"]:
             for lm, ln in variants["warps"]:

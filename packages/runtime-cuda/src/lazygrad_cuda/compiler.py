@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import os
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lazygrad_cuda.renderer import DYNAMIC_SHARED_SYMBOL
 from lazygrad_uop.config import DEBUG
 from lazygrad_uop.device import CompileError, Compiler
 
@@ -179,6 +181,42 @@ def ptxas_usage(src: str, arch: str, name: str = "kernel") -> PtxasUsage:
     if registers is None or spills is None:
         raise NVRTCError(f"no ptxas register report for {name} on {arch} in NVRTC's log:\n{log}")
     return PtxasUsage(int(registers.group(1)), int(spills.group(1)), int(spills.group(2)))
+
+
+def dynamic_shared(lib: bytes) -> int:
+    """The bytes of dynamic shared memory the kernel of `lib` (a cubin or NUL-terminated PTX from `NVRTCCompiler`)
+    is launched with: the value of its module's `__constant__` `DYNAMIC_SHARED_SYMBOL`, which the renderer writes for
+    a kernel whose local memory exceeds the static limit; 0 when there is none. Read from the binary itself, so the
+    number travels with it (through the disk cache, BEAM's compiles) and needs no driver call."""
+    if lib[:4] != b"\x7fELF":
+        m = re.search(rb"\.const\s+\.align\s+\d+\s+\.u32\s+" + DYNAMIC_SHARED_SYMBOL.encode() + rb"\s*=\s*(\d+);", lib)
+        return int(m.group(1)) if m else 0
+    return _elf_u32(lib, DYNAMIC_SHARED_SYMBOL.encode()) or 0
+
+
+def _elf_u32(elf: bytes, name: bytes) -> int | None:
+    """The 32-bit little-endian value the symbol `name` of a 64-bit ELF file (a cubin) points at in its section, or
+    None when it has no such symbol (or it points outside its section)."""
+    if elf[4] != 2 or elf[5] != 1:  # ELFCLASS64, little-endian: what NVRTC writes
+        return None
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    # (type, offset, size, link) of each section
+    sections = [struct.unpack_from("<4xI16xQQI", elf, shoff + i * shentsize) for i in range(shnum)]
+    for kind, offset, size, link in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][1]
+        for at in range(offset, offset + size, 24):
+            st_name, st_shndx, st_value, st_size = struct.unpack_from("<I2xHQQ", elf, at)
+            end = elf.index(b"\0", strtab + st_name)
+            if elf[strtab + st_name : end] != name or st_size != 4 or not 0 < st_shndx < shnum:
+                continue
+            _, data, data_size, _ = sections[st_shndx]
+            if st_value + 4 > data_size:
+                return None
+            return struct.unpack_from("<I", elf, data + st_value)[0]
+    return None
 
 
 class NVRTCCompiler(Compiler):

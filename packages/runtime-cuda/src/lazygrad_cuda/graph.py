@@ -135,7 +135,7 @@ def _node_params(launch: KernelLaunch) -> tuple[driver.CUDA_KERNEL_NODE_PARAMS, 
     params.func = launch.program.function
     params.gridDimX, params.gridDimY, params.gridDimZ = launch_dims(launch.global_size)
     params.blockDimX, params.blockDimY, params.blockDimZ = launch_dims(launch.local_size)
-    params.sharedMemBytes = 0
+    params.sharedMemBytes = launch.program.dynamic_shared
     params.kernelParams = args.address
     params.extra = 0
     return params, args

@@ -1,5 +1,9 @@
 """Running a compiled kernel on a GPU: the module is loaded into the GPU's context, and each call launches the kernel
-on the GPU's stream with its buffers and variable values; with `wait`, events around the launch time it."""
+on the GPU's stream with its buffers and variable values; with `wait`, events around the launch time it.
+
+A kernel with more shared memory than a block may declare statically (the renderer's `extern __shared__` form) says
+how much in its binary (`compiler.dynamic_shared`): the program reads it when it loads the module, opts the kernel in
+to that much (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`) and launches it with it (`dynamic_shared`)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import TYPE_CHECKING
 from cuda.bindings import driver
 
 from lazygrad_cuda.allocator import CUDABuffer
+from lazygrad_cuda.compiler import dynamic_shared
 from lazygrad_cuda.errors import CUDAError, check
 from lazygrad_uop.device import Program
 
@@ -51,6 +56,14 @@ class CUDAProgram(Program):
                 exc.code,
             ) from exc
         self.function = check(driver.cuModuleGetFunction(self.module, name.encode()), f"cuModuleGetFunction({name})")
+        self.dynamic_shared = dynamic_shared(lib)
+        if self.dynamic_shared:
+            attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(
+                driver.cuFuncSetAttribute(self.function, attribute, self.dynamic_shared),
+                f"cuFuncSetAttribute({name}, max dynamic shared memory {self.dynamic_shared} bytes) — more than "
+                f"{device.device} ({device.arch}) gives a block",
+            )
         self._events: tuple[driver.CUevent, driver.CUevent] | None = None
 
     def __call__(
@@ -72,7 +85,13 @@ class CUDAProgram(Program):
             check(driver.cuEventRecord(start, stream), "cuEventRecord")
         check(
             driver.cuLaunchKernel(
-                self.function, *launch_dims(global_size), *launch_dims(local_size), 0, stream, args.address, 0
+                self.function,
+                *launch_dims(global_size),
+                *launch_dims(local_size),
+                self.dynamic_shared,
+                stream,
+                args.address,
+                0,
             ),
             f"cuLaunchKernel({self.name}, grid {tuple(global_size)}, block {tuple(local_size)})",
         )

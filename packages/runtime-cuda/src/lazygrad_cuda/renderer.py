@@ -10,6 +10,9 @@ What it adds to `CStyleLanguage`:
 - vectors (`VECTORIZE`, `GEP`, `VCONST`, vector loads and stores through a cast pointer, lane-wise ALU ops): CUDA's
   built-in `float4`-style types where they exist, small aligned structs (`lg_halfx8`) where they don't;
 - shared memory (`DEFINE_LOCAL` as `__shared__` arrays), `BARRIER` as `__syncthreads()`, `IF`/`ENDIF` blocks;
+  a kernel whose local memory exceeds the 48 KB a block may declare statically carves its buffers out of one
+  `extern __shared__` array instead, and says how many bytes that is in the module's `__constant__`
+  `DYNAMIC_SHARED_SYMBOL`, which `CUDAProgram` reads to opt the kernel in to that much and to launch it with it;
 - 32-thread warps (`warp_size`): `SHUFFLE_XOR` as `__shfl_xor_sync` over the full warp, so grouped reductions combine
   within warps first;
 - `WMMA` as inline PTX `mma.sync.aligned.m16n8k16` or `m16n8k8` (fp16 or bf16 inputs, fp32 accumulate), see
@@ -61,6 +64,16 @@ operand's vector is the instruction's register r, so a tensor core rendered with
 _MMA_LAYOUTS = {16: MMA_M16N8K16_LAYOUT, 8: MMA_M16N8K8_LAYOUT}
 # the oldest architecture with the mma.sync shapes and types the renderer writes (bf16 and m16n8k16 need sm_80)
 OLDEST_TENSOR_CORE_ARCH = 80
+
+# shared memory a block may declare statically (`__shared__` arrays); more is dynamic, opted in per kernel
+STATIC_SHARED_MAX = 48 * 1024
+# the most shared memory one block may opt in to, by compute capability (CUDA C Programming Guide, technical
+# specifications per compute capability); architectures not listed get the static limit
+OPT_IN_SHARED_MAX = {70: 96, 72: 96, 75: 64, 80: 163, 86: 99, 87: 163, 89: 99, 90: 227, 100: 227, 120: 99}
+# the module-scope `__constant__` that holds a kernel's dynamic shared memory bytes
+DYNAMIC_SHARED_SYMBOL = "lg_dynamic_shared_bytes"
+# every local buffer starts 16 bytes into the dynamic array, as `__align__(16)` places the static ones
+_SHARED_ALIGN = 16
 
 
 def _compute_capability(arch: str) -> int:
@@ -138,8 +151,8 @@ class CUDARenderer(CStyleLanguage):
     # CUDA's limits: grid x up to 2^31-1 blocks, y and z up to 65535; at most 1024 threads per block, z up to 64
     global_max = (2**31 - 1, 65535, 65535)
     local_max = (1024, 1024, 64)
-    # statically declared __shared__ memory per block; more needs opting in per kernel
-    shared_max = 49152
+    # shared memory per block: the architecture's opt-in limit (`OPT_IN_SHARED_MAX`), set per instance
+    shared_max = STATIC_SHARED_MAX
     kernel_prefix = 'extern "C" __global__ '
     # 16-byte aligned, so the float4 loads and stores codegen emits into shared memory are aligned
     smem_prefix = "__shared__ __align__(16) "
@@ -172,8 +185,9 @@ class CUDARenderer(CStyleLanguage):
     def __init__(
         self, arch: str = "sm_80", tensor_cores: Sequence[TensorCore] = (), compute_units: int | None = None
     ) -> None:
-        _compute_capability(arch)
+        cc = _compute_capability(arch)
         self.arch = arch
+        self.shared_max = OPT_IN_SHARED_MAX.get(cc, STATIC_SHARED_MAX // 1024) * 1024
         self.tensor_cores = tuple(tensor_cores)
         # cp.async exists from Ampere (sm_80) on
         self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
@@ -352,6 +366,18 @@ class CUDARenderer(CStyleLanguage):
             f"{vector} {name} = __builtin_bit_cast({vector}, {name}_r);"
         )
 
+    def render_local_memory(self, buffers: list[tuple[str, DType, int]]) -> list[str]:
+        """`__shared__` arrays while they fit the static limit; else pointers into one `extern __shared__` array,
+        each buffer 16-byte aligned in it (see `dynamic_shared_bytes`)."""
+        if _shared_layout(buffers)[1] <= STATIC_SHARED_MAX:
+            return super().render_local_memory(buffers)
+        offsets, _ = _shared_layout(buffers)
+        out = [f"  extern __shared__ __align__({_SHARED_ALIGN}) unsigned char lg_shared[];"]
+        for (name, dt, _size), offset in zip(buffers, offsets, strict=True):
+            t = self.render_dtype(dt)
+            out.append(f"  {t}* {name} = ({t}*)(lg_shared + {offset});")
+        return out
+
     def launch_attributes(self, workgroup: Workgroup | None) -> str:
         """`__launch_bounds__` with the threads of a block, when the kernel has thread indices, and a minimum of one
         block per multiprocessor: without it ptxas guesses an occupancy to aim for and may spill a few registers of a
@@ -363,6 +389,8 @@ class CUDARenderer(CStyleLanguage):
         dts = {u.dtype for u in uops} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
         scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
         out: list[str] = []
+        if dynamic := dynamic_shared_bytes(uops):
+            out.append(f"__constant__ unsigned int {DYNAMIC_SHARED_SYMBOL} = {dynamic};")
         if dtypes.float16 in scalars:
             out.append("#include <cuda_fp16.h>")
         if dtypes.bfloat16 in scalars:
@@ -387,6 +415,23 @@ class CUDARenderer(CStyleLanguage):
         """The tensor-core functions, and Threefry when the kernel draws random bits."""
         threefry = [_THREEFRY] if any(u.op is Ops.THREEFRY for u in uops) else []
         return super().render_helpers(uops) + threefry
+
+
+def _shared_layout(buffers: list[tuple[str, DType, int]]) -> tuple[list[int], int]:
+    """Where each local buffer (name, element dtype, elements) starts in one shared array, and its total bytes."""
+    offsets, end = [], 0
+    for _name, dt, size in buffers:
+        offsets.append(end)
+        end += -(-size * dt.itemsize // _SHARED_ALIGN) * _SHARED_ALIGN
+    return offsets, end
+
+
+def dynamic_shared_bytes(uops: Sequence[UOp]) -> int:
+    """The bytes of dynamic shared memory a kernel of the linear program `uops` is launched with: its local buffers
+    laid out in one array when they exceed what a block may declare statically (`STATIC_SHARED_MAX`), else 0."""
+    buffers = [(u.arg, u.dtype.base, u.dtype.size) for u in uops if u.op is Ops.DEFINE_LOCAL]
+    total = _shared_layout(buffers)[1]
+    return total if total > STATIC_SHARED_MAX else 0
 
 
 def _as_tuples(x: object) -> object:
