@@ -151,13 +151,14 @@ def test_a_kernel_with_dynamic_shared_memory_is_opted_in_and_launched_with_it(fa
     nbytes = 96 * 1024
     prog = gpu.load_program("r_4", _ptx_with_dynamic_shared(nbytes))
     attribute = real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    assert fake.args_of("cuFuncSetAttribute") == [(prog.function, attribute, nbytes)]
+    carveout = real_driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    assert fake.args_of("cuFuncSetAttribute") == [(prog.function, attribute, nbytes), (prog.function, carveout, 100)]
     fake.param_shape = (1, 0)
     prog(gpu.allocator.alloc(16), global_size=(2, 1, 1), local_size=(128, 1, 1))
     assert fake.args_of("cuLaunchKernel")[-1][7] == nbytes
     # a module without the constant: no attribute, no dynamic shared memory
     plain = gpu.load_program("E_4", b"\x7fELF stand-in cubin")
-    assert len(fake.args_of("cuFuncSetAttribute")) == 1 and plain.dynamic_shared == 0
+    assert len(fake.args_of("cuFuncSetAttribute")) == 2 and plain.dynamic_shared == 0
     plain(gpu.allocator.alloc(16))
     assert fake.args_of("cuLaunchKernel")[-1][7] == 0
     # the stand-in refuses what the driver refuses: more than the static limit without opting in

@@ -161,3 +161,24 @@ def test_multi_device_suite_on_one_gpu_mapped_four_times(gpu: CUDADevice) -> Non
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_pipelined_matmul_in_dynamic_shared_memory_matches_numpy(gpu: CUDADevice) -> None:
+    from lazygrad_codegen import OptOps, get_program
+    from lazygrad_codegen.kernel_ast import matmul
+
+    # the default 128x128 tile of 8 warps over 4 pipeline stages: more local memory than a block declares statically,
+    # so launched with dynamic shared memory, alone and as a graph node; 12 reduce steps wrap the 4 slots
+    m, n, k = 256, 384, 384
+    spec = get_program(matmul(m, n, k, dtypes.float16), gpu.renderer)
+    prog = gpu.load_program(spec.name, gpu.compiler.compile(spec.src))
+    assert spec.opts[-1].op is OptOps.STAGE and prog.dynamic_shared > 48 * 1024, (spec.opts, prog.dynamic_shared)
+    a, b = RNG.integers(-2, 3, (m, k)).astype(np.float16), RNG.integers(-2, 3, (k, n)).astype(np.float16)
+    want = a.astype(np.float32) @ b.astype(np.float32)  # small integers: exact in any order of the sums
+    out = np.zeros((m, n), np.float32)
+    bufs = [_to_gpu(gpu, out), _to_gpu(gpu, a), _to_gpu(gpu, b)]
+    prog(*bufs, global_size=spec.global_size, local_size=spec.local_size, wait=True)
+    np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), want)
+    gpu.allocator.copyin(bufs[0], memoryview(out).cast("B"))
+    CUDAGraph(gpu, [KernelLaunch(prog, tuple(bufs), spec.global_size, spec.local_size)])(wait=True)
+    np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), want)

@@ -64,6 +64,13 @@ class CUDAProgram(Program):
                 f"cuFuncSetAttribute({name}, max dynamic shared memory {self.dynamic_shared} bytes) — more than "
                 f"{device.device} ({device.arch}) gives a block",
             )
+            # as much of the multiprocessor's L1/shared memory as shared memory as it can: the driver's default split
+            # may hold fewer of these blocks than the registers allow, and their copies (cp.async.cg) bypass L1
+            carveout = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            most = driver.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED
+            check(
+                driver.cuFuncSetAttribute(self.function, carveout, int(most)), f"cuFuncSetAttribute({name}, carveout)"
+            )
         self._events: tuple[driver.CUevent, driver.CUevent] | None = None
 
     def __call__(
