@@ -222,6 +222,20 @@ def test_deep_pipelines_match_numpy_on_random_shapes(batch, m, n, k, dtype, stag
     assert {int(u.arg or 0) for u in spec.uops if u.op is Ops.ASYNC_WAIT} == {stages - 2}
 
 
+def test_deep_pipelines_need_asynchronous_copies() -> None:
+    # a convolution's window can't be copied in whole aligned vectors: its copies are synchronous, so more than two
+    # slots would only take shared memory; STAGE refuses 3 and 4 stages and the default keeps 2
+    case = conv(2, 16, 16, 8, dtypes.float16)
+    spec = _staged_run(case, LDMATRIX_GPU, None)
+    assert spec.opts[-1] == Opt(OptOps.STAGE) and Ops.ASYNC_COPY not in _ops(spec)
+    for stages in (3, 4):
+        with pytest.raises(KernelOptError, match=f"{stages} pipeline stages need asynchronous copies"):
+            Kernel(case.ast, LDMATRIX_GPU).apply_opts([*spec.opts[:-1], Opt(OptOps.STAGE, None, stages)])
+    # a matmul of whole 16-byte rows is pipelined over the most stages that fit
+    mm = _staged_run(bmm(1, 64, 64, 128, dtypes.float16), LDMATRIX_GPU, None)
+    assert mm.opts[-1] == Opt(OptOps.STAGE, None, 4) and Ops.ASYNC_COPY in _ops(mm)
+
+
 # *** ldmatrix ***
 
 # CUDA sm_80's tensor cores, cp.async and ldmatrix

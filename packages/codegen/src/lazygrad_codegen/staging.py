@@ -255,6 +255,20 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
     return out
 
 
+def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -> bool:
+    """Whether the copies of `operands` (`plan(k, stages)`) can be `ASYNC_COPY`s: two to `MAX_STAGES` stages (STAGE's
+    default is two), a renderer that has them, a reduce loop of int sizes, and every operand copied in whole vectors
+    of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local memory (not an FMA kernel's
+    transposed tile)."""
+    if stages < 2 or not k.renderer.has_async_copy:
+        return False
+    if not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
+        return False
+    return all(
+        o.slots == stages and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16) for o in operands
+    )
+
+
 def apply_stage(k: Kernel, stages: int | None = None) -> None:
     """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError.
     `stages` (the opt's arg): 1 for copies and a barrier in each step, 2 or None to pipeline asynchronous copies
@@ -280,6 +294,12 @@ def apply_stage(k: Kernel, stages: int | None = None) -> None:
     operands = plan(k, 2 if stages is None else stages)
     if not operands:
         raise KernelOptError("STAGE found no operand that changes along the reduction")
+    if stages is not None and stages > 2 and not asynchronous_copies(k, operands, stages):
+        # synchronous copies don't overlap the math: the slots past two would only take shared memory
+        raise KernelOptError(
+            f"{stages} pipeline stages need asynchronous copies, and this kernel's operands can't be copied so "
+            "(16-, 8- or 4-byte vectors of contiguous, aligned elements): use 1 or 2 stages"
+        )
     need = sum(o.bytes for o in operands)
     if need > r.shared_max:
         raise KernelOptError(
@@ -340,21 +360,6 @@ class Stager:
             return UOp.const(dtypes.int32, 0)
         step = self.lw._flat(self.k.axes(AxisType.REDUCE)) if step is None else step
         return (step % o.slots) * o.slot
-
-    def _asynchronous(self, n_threads: int) -> bool:
-        """Whether the copies can be `ASYNC_COPY`s: two to `MAX_STAGES` stages (STAGE's default is two), a renderer
-        that has them, a reduce loop of int sizes, and every
-        operand copied in whole vectors of 4, 8 or 16 bytes (what cp.async moves) to neighbouring elements of local
-        memory (not an FMA kernel's transposed tile)."""
-        k = self.k
-        if k.stages < 2 or not k.renderer.has_async_copy:
-            return False
-        if not all(isinstance(k.full_shape[a], int) for a in k.axes(AxisType.REDUCE)):
-            return False
-        return all(
-            o.slots == k.stages and o.store_vector and o.vector * o.load.dtype.itemsize in (4, 8, 16)
-            for o in self.operands.values()
-        )
 
     def _copies(self, reduce_at: dict[int, UOp], step: UOp | None, asynchronous: bool, extra: tuple[UOp, ...] = ()):
         """Every operand's tile at the reduce indices `reduce_at` copied into the slot of `step`: STOREs of loaded
@@ -434,7 +439,7 @@ class Stager:
             self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
         reduce_axes = k.axes(AxisType.REDUCE)
         here = {a: lw.idx[a] for a in reduce_axes}
-        if not self._asynchronous(self._thread()[1]):
+        if not asynchronous_copies(k, list(self.operands.values()), k.stages):
             return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
         sizes = [int(k.full_shape[a]) for a in reduce_axes]
         steps, ahead = math.prod(sizes), k.stages - 1
