@@ -5,8 +5,9 @@ with the CUDA renderer (132 multiprocessors, as on an H100) and only compiled.
 The set: fp16, bf16 and fp32 matmuls at 4096^3 and 8192^3 and at odd 4095x4097 @ 4097x1000 and 4097x4096, a
 batched fp16 and fp32 matmul (16 x 1024 x 1024 x 1024), and every convolution of ResNet-18 at batch 64 (the 7x7 stem,
 the 3x3 layers, the 1x1 downsampling ones) forward, input gradient and weight gradient, in fp16 and fp32. Every
-program those schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: registers
-per thread / bytes of spill stores and loads together. Target (issue 14): zero spills on both architectures.
+program those schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: the
+workgroup's threads, its local (shared) memory in bytes and pipeline stages (STAGE's), registers per thread / bytes of
+spill stores and loads together. Target (issue 14): zero spills on both architectures.
 `packages/runtime-cuda/tests/test_staged_kernels.py` checks a representative part of the set in the test suite.
 
     python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90]
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from lazygrad import Tensor, dtypes
-from lazygrad_codegen import get_program
+from lazygrad_codegen import OptOps, get_program
 from lazygrad_cuda.compiler import ptxas_usage
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_cuda.tensor_cores import TENSOR_CORES
@@ -83,7 +84,10 @@ def main() -> None:
     dev = Device["PYTHON"]
     renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
     dev.use_renderer(renderer)
-    print(f"{'workload':44s} {'program':40s} {'local':>10s} " + " ".join(f"{a + ' regs/spill':>17s}" for a in archs))
+    print(
+        f"{'workload':44s} {'program':40s} {'local':>10s} {'smem':>7s} {'stages':>6s} "
+        + " ".join(f"{a + ' regs/spill':>17s}" for a in archs)
+    )
     spilled, programs, st = 0, 0, time.perf_counter()
     for name, build in workloads():
         if args.only not in name:
@@ -99,7 +103,11 @@ def main() -> None:
                 cells.append(f"{use.registers:>10d}/{use.spills:<6d}")
             programs += 1
             local = "x".join(map(str, spec.local_size)) if spec.local_size else "-"
-            print(f"{name:44s} {spec.name[:40]:40s} {local:>10s} " + " ".join(cells), flush=True)
+            smem = sum(u.dtype.size * u.dtype.base.itemsize for u in spec.uops if u.op is Ops.DEFINE_LOCAL)
+            staged = [o for o in spec.opts if o.op is OptOps.STAGE]
+            stages = "-" if not staged else str(staged[-1].arg or 2)
+            row = f"{name:44s} {spec.name[:40]:40s} {local:>10s} {smem:>7d} {stages:>6s} "
+            print(row + " ".join(cells), flush=True)
     print(f"{programs} programs, {spilled} (program, arch) pairs with spills, {time.perf_counter() - st:.0f} s")
 
 
