@@ -197,7 +197,7 @@ def dynamic_shared(lib: bytes) -> int:
 def _elf_u32(elf: bytes, name: bytes) -> int | None:
     """The 32-bit little-endian value the symbol `name` of a 64-bit ELF file (a cubin) points at in its section, or
     None when it has no such symbol (or it points outside its section)."""
-    if elf[4] != 2 or elf[5] != 1:  # ELFCLASS64, little-endian: what NVRTC writes
+    if elf[4:6] != b"\x02\x01":  # ELFCLASS64, little-endian: what NVRTC writes
         return None
     (shoff,) = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
