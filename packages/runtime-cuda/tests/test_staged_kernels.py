@@ -278,6 +278,10 @@ def test_default_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch
     # the copies of three steps ahead come before the fragments they overlap
     first_ldmatrix = next(i for i, line in enumerate(body) if "ldmatrix" in line)
     assert max(i for i, line in enumerate(body) if "cp.async.cg" in line) < first_ldmatrix
+    # the last steps' copies (zero fills) are waited for once, after the stores, before the block exits
+    tail = spec.src.rstrip().splitlines()
+    assert "cp.async.wait_all;" in tail[-2] and tail[-1] == "}" and spec.src.count("cp.async.wait_all") == 1
+    assert max(i for i, line in enumerate(tail) if "data0" in line) < len(tail) - 2
     # the byte count travels in the binary, cubin or PTX, for the program to launch it with
     for nvrtc_arch in (arch, arch.replace("sm_", "compute_")):
         out = nvrtc_compile(spec.src, nvrtc_arch, spec.name, options=("--ptxas-options=-v",))
@@ -287,6 +291,8 @@ def test_default_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch
     # a kernel whose buffers fit the static limit declares them statically, and its binary asks for none
     small = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*spec.opts[:-1], Opt(OptOps.STAGE)])
     assert "extern __shared__" not in small.src
+    plain = get_program(matmul(64, 64, 64, dtypes.float32), renderer, [])
+    assert "cp.async" not in plain.src  # nothing to wait for
     assert dynamic_shared(nvrtc_compile(small.src, arch, small.name).cubin) == 0
 
 

@@ -350,6 +350,14 @@ class CUDARenderer(CStyleLanguage):
         commit, wait = "cp.async.commit_group;", f"cp.async.wait_group {in_flight};"
         return f'asm volatile("{commit}" ::: "memory"); asm volatile("{wait}" ::: "memory");'
 
+    def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
+        """The kernel, ending, where it starts asynchronous copies, with a wait for all of them: a pipeline's last
+        steps start copies (zero fills past the end) that no step waits for, and they must land before the block
+        exits and its shared memory goes to the next block."""
+        if any(u.op is Ops.ASYNC_COPY for u in uops):
+            body = [*body, '  asm volatile("cp.async.wait_all;" ::: "memory");']
+        return super().render_kernel(name, body, params, uops)
+
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
         """`ldmatrix.sync.aligned.m8n8` of `matrices` 8x8 matrices of 16-bit elements (`.trans` when asked) into
         32-bit registers, which are then the bits of the vector `name`."""
