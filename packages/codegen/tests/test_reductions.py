@@ -19,7 +19,7 @@ from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.lowerer import hardware_indices, lower
 from lazygrad_codegen.reductions import SEQUENTIAL, accumulator_lanes, split_plan
-from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.dtype import dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import eval_uop
 
@@ -105,6 +105,42 @@ def test_rows_get_a_workgroup_each_and_reduce_right(rows: int, n: int, kind: Ops
     assert math.prod(spec.global_size) == rows and math.prod(spec.local_size) >= 32
     ref = x.astype(np.float64).sum(1) if kind is Ops.ADD else x.max(1)
     np.testing.assert_allclose(out[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def _outer_rows(kind: Ops, n: int, c: int, hw: int, dtype=dtypes.float32):
+    # (N, C, HW) reduced over N and HW to C: a BatchNorm statistic of an NCHW tensor
+    x = load(1, dtype, st(n, c, hw))
+    return sink(store(0, reduce(x, kind, (0, 2)), st(1, c, 1)))
+
+
+@settings(deadline=None, max_examples=12)
+@given(
+    n=hst.integers(2, 12),
+    c=hst.integers(2, 5),
+    hw=hst.sampled_from([16, 25, 49, 64, 100, 196, 256, 784]),
+    kind=hst.sampled_from([Ops.ADD, Ops.MAX]),
+    dtype=hst.sampled_from([dtypes.float32, dtypes.float16, dtypes.int32]),
+)
+def test_outer_and_row_axes_share_a_workgroup_and_reduce_right(n: int, c: int, hw: int, kind: Ops, dtype) -> None:
+    renderer = py.PythonRenderer(py.GPUTarget(name="WARPGPU", warp_size=32, compute_units=132))
+    k = hand_coded_optimizations(Kernel(_outer_rows(kind, n, c, hw, dtype), renderer))
+    rng = np.random.default_rng(n * c * hw)
+    if dtype == dtypes.int32:
+        x = rng.integers(-1000, 1000, (n, c, hw)).astype(np.int32)
+    else:
+        x = rng.standard_normal((n, c, hw)).astype(to_numpy_dtype(dtype))
+    out, spec = run_python(k.ast, renderer, k.applied_opts, {1: x})
+    # every channel its own workgroup of whole warps, the row across lidx0 (neighbouring threads, neighbouring
+    # addresses) and the outer axis across threads too where a power of two divides it
+    groups = [o for o in k.applied_opts if o.op in (OptOps.GROUP, OptOps.GROUPTOP)]
+    assert groups and groups[-1].op is OptOps.GROUP, k.applied_opts
+    assert math.prod(spec.global_size) == c and math.prod(spec.local_size) % 32 == 0
+    assert spec.local_size[0] == groups[-1].arg
+    if n % 2 == 0 and n >= 4:
+        assert any(o.op is OptOps.GROUPTOP for o in groups), k.applied_opts
+    ref = x.astype(np.float64).sum((0, 2)) if kind is Ops.ADD else x.max((0, 2))
+    tol = 2e-2 if dtype == dtypes.float16 else 1e-5
+    np.testing.assert_allclose(out[0].astype(np.float64), ref, rtol=tol, atol=tol * max(1.0, float(np.abs(ref).max())))
 
 
 def test_matmuls_keep_their_register_tiles() -> None:

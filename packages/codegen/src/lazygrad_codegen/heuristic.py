@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from lazygrad_codegen.bandwidth import ELEMENTWISE_THREADS, elementwise_workgroups
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
-from lazygrad_codegen.reductions import group_rows
+from lazygrad_codegen.reductions import group_outer_rows, group_rows
 from lazygrad_codegen.tiling import staged_matmul
 from lazygrad_codegen.vectors import VECTOR_BYTES
 from lazygrad_uop.views import ShapeTracker
@@ -109,6 +109,9 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
     if _short_column_sums(k):
         return k
     if r.has_local and r.has_shared and k.reduceops:
+        if group_outer_rows(k):
+            # rows read by a workgroup's threads together with the axes outside them (BatchNorm statistics)
+            return k
         if group_rows(k, FEW_OUTPUTS):
             # a workgroup per row (lazygrad_codegen.reductions): its threads are all the parallelism it needs
             return k

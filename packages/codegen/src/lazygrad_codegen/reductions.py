@@ -154,6 +154,82 @@ def group_rows(k: Kernel, few: int) -> bool:
     return True
 
 
+# threads of one workgroup of a reduction whose rows are read by several threads of it (`group_outer_rows`)
+OUTER_ROW_THREADS = 512
+# warps per compute unit that a reduction to few outputs is spread over, all its workgroups together
+OUTER_ROW_WARPS = 32
+
+
+def group_outer_rows(k: Kernel) -> bool:
+    """On a GPU with warp shuffles, a reduction over rows its biggest input is contiguous along and over axes outside
+    them (a BatchNorm statistic of an NCHW tensor: per channel C, the H*W values of each of N images): a workgroup per
+    output, its threads split across each row (lidx0: a warp reads neighbouring addresses, in 16-byte vectors where
+    the row allows) and across the outer reduce axis (GROUPTOP), so that each output gets up to `OUTER_ROW_THREADS`
+    threads and the device `OUTER_ROW_WARPS` warps per compute unit. A row shorter than two warps (49 values of a 7x7
+    map) is padded to one. `group_rows` gave such kernels one workgroup of 32 to 256 threads per output over the row
+    alone (64 channels: 64 workgroups looping over the batch), or, for short rows, a thread per output walking 49
+    values at a stride of 49 values from its neighbours. Returns whether it applied."""
+    r = k.renderer
+    warp = warp_size(r)
+    reduce_axes = k.axes(AxisType.REDUCE)
+    if not (r.has_local and r.has_shared and warp and k.use_locals) or k.applied_opts or len(reduce_axes) < 2:
+        return False
+    if k.tensor_core is not None or not k.reduceops:
+        return False
+    sizes = [k.full_shape[a] for a in k.axes(AxisType.GLOBAL) + reduce_axes]
+    if not all(isinstance(s, int) for s in sizes):
+        return False
+    loads = [(ld, st) for ld, st in k.loads() if ld.src[1] in k.full_views]
+    if not loads or _is_matmul(k, [st for _, st in loads]):
+        return False
+    row_axis, outer_axis = reduce_axes[-1], reduce_axes[-2]
+    biggest = max(loads, key=lambda x: x[1].real_size())[1]
+    if _stride(biggest, row_axis) != 1:
+        return False
+    row, outer = int(k.full_shape[row_axis]), int(k.full_shape[outer_axis])
+    outputs = math.prod(int(s) for s in k.sizes(AxisType.GLOBAL))
+    limit = min(OUTER_ROW_THREADS, r.max_workgroup_threads)
+    itemsize = max((ld.dtype.itemsize for ld, _ in loads), default=4)
+    vector = min(4, max(1, 16 // itemsize)) if r.supports_float4 else 1
+    # threads along the row: whole vectors of it where some group of at least 16 threads (256 bytes) divides it,
+    # else single elements, the row padded to whole groups where that wastes at most a sixteenth (a row shorter
+    # than a warp's MIN_STEPS elements: to one warp)
+    plans = [(t, vector) for t in (256, 128, 64, 32, 16) if vector > 1 and row % (t * vector) == 0]
+    plans = [(t, v) for t, v in plans if row >= t * v * MIN_STEPS and t <= limit]
+    padded = {t: -(-row // t) * t for t in (256, 128, 64, warp) if t <= limit}
+    scalar = [(t, 1) for t, p in padded.items() if row >= t * MIN_STEPS and (p - row) * 16 <= p]
+    plans += scalar or ([(warp, 1)] if warp in padded and 2 * row >= warp else [])
+    for row_threads, unroll in plans:
+        # threads across the outer axis: enough warps for the device, within the workgroup, each looping at least
+        # twice where it can; at least a warp in all
+        want = -(-max(r.compute_units, 1) * OUTER_ROW_WARPS * warp // (outputs * row_threads))
+        across = [g for g in (1, 2, 4, 8, 16, 32) if row_threads * g <= limit and outer % g == 0]
+        looping = [g for g in across if outer // g >= 2]
+        g = next((g for g in looping if g >= want), looping[-1] if looping else 1)
+        if row_threads * g < warp:
+            g = next((g for g in across if row_threads * g >= warp), g)
+        if row_threads * g >= warp:
+            break
+    else:
+        return False
+    pad = row % row_threads != 0
+    trial = k.copy()
+    try:
+        # the outer group first: its threads are numbered after the row's, which get lidx0 (neighbouring addresses)
+        if g > 1:
+            trial.apply_opt(Opt(OptOps.GROUPTOP, len(reduce_axes) - 2, g))
+        n = len(trial.axes(AxisType.REDUCE)) - 1
+        if unroll > 1:
+            trial.apply_opt(Opt(OptOps.UNROLL, n, unroll))
+        if pad:
+            trial.apply_opt(Opt(OptOps.PADTO, len(trial.axes(AxisType.GLOBAL)) + n, row_threads))
+        trial.apply_opt(Opt(OptOps.GROUP, n, row_threads))
+    except KernelOptError:
+        return False
+    k.__dict__.update(trial.__dict__)
+    return True
+
+
 # *** split-K for matmul-like reductions to few outputs (a convolution's weight gradient) ***
 
 SPLIT_K_MIN = 1024
