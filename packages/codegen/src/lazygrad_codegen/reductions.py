@@ -199,7 +199,8 @@ def group_outer_rows(k: Kernel) -> bool:
     padded = {t: -(-row // t) * t for t in (256, 128, 64, warp) if t <= limit}
     scalar = [(t, 1) for t, p in padded.items() if row >= t * MIN_STEPS and (p - row) * 16 <= p]
     plans += scalar or ([(warp, 1)] if warp in padded and 2 * row >= warp else [])
-    for row_threads, unroll in plans:
+    for plan in plans:
+        row_threads = plan[0]
         # threads across the outer axis: enough warps for the device, within the workgroup, each looping at least
         # twice where it can; at least a warp in all
         want = -(-max(r.compute_units, 1) * OUTER_ROW_WARPS * warp // (outputs * row_threads))
@@ -212,6 +213,7 @@ def group_outer_rows(k: Kernel) -> bool:
             break
     else:
         return False
+    unroll = plan[1]
     pad = row % row_threads != 0
     trial = k.copy()
     try:
