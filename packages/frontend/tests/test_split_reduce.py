@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 import lazygrad.engine
 from lazygrad import Tensor
@@ -255,3 +257,42 @@ def test_a_max_over_an_empty_axis_says_so(device: str) -> None:
 def test_eye_of_zero(device: str) -> None:
     assert Tensor.eye(0, device=device).realize().numpy().shape == (0, 0)
     np.testing.assert_array_equal(Tensor.eye(0, 3, device=device).numpy(), np.eye(0, 3))
+
+
+# *** reductions across the contiguous axis, and over axes around an output axis, on a GPU ***
+
+# (shape, reduced axes, cut along an axis by `axis_split` on the emulated GPU's 32 compute units): columns (the
+# last axis kept), BatchNorm statistics of NCHW tensors (N, H, W around C), with and without a cut
+STRIDED = [
+    ((256, 130), (0,), True),
+    ((264, 129), (0,), True),
+    ((4, 96, 100), (0, 1), True),
+    ((130, 300, 2), (1,), True),
+    ((64, 2, 24, 24), (0, 2, 3), True),
+    ((12, 5, 7, 7), (0, 2, 3), False),
+    ((6, 3, 5, 40), (0, 2), False),
+]
+
+
+@pytest.mark.parametrize("emulated_gpu", [32], ids=["shuffles"], indirect=True)
+@settings(deadline=None, max_examples=15, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    case=hst.sampled_from(STRIDED),
+    op=hst.sampled_from(["sum", "max", "min", "mean", "argmax"]),
+    dtype=hst.sampled_from([dtypes.float32, dtypes.int32, dtypes.float16]),
+)
+def test_strided_reductions_on_an_emulated_gpu_match_numpy(emulated_gpu: str, case, op: str, dtype) -> None:
+    shape, axes, cut = case
+    a = values(shape, dtype)
+    t = Tensor(a, device=emulated_gpu, dtype=dtype)
+    if op == "argmax":
+        # one axis only: the first reduced one
+        got, want = t.argmax(axes[0]), a.argmax(axes[0])
+    else:
+        got = getattr(t, op)(axes)
+        want = a.astype(np.float64).mean(axes) if op == "mean" else getattr(a.astype(np.float64), op)(axes)
+    reductions = [si for si in got.schedule() if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
+    if cut and op != "argmax":
+        assert len(reductions) >= 2, "partial reductions along the cut axis and their reduction"
+    tol = 2e-2 if dtype == dtypes.float16 else 1e-5
+    np.testing.assert_allclose(np.asarray(got.numpy(), np.float64), want, rtol=tol, atol=tol * 10)

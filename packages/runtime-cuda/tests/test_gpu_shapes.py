@@ -19,6 +19,7 @@ from lazygrad_cuda.compiler import nvrtc_compile
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
+from lazygrad_uop.uop import eval_uop
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
 split_reduce = pytest.importorskip("lazygrad.split_reduce")
@@ -141,3 +142,51 @@ def test_a_launch_past_65535_in_y_is_folded_and_compiles(renderer: CUDARenderer,
         assert out.cubin, "NVRTC compiled the folded launch to machine code"
         if ptxas()[0] is not None:
             assemble(out.ptx, ARCHS[-1], tmp_path, spec.name)
+
+
+def _neighbour_strides(spec: ProgramSpec) -> list[int]:
+    """For each load from global memory: how many bytes apart two neighbouring threads (lidx0 and lidx0 + 1, every
+    other index 0) read, from the index expression of the linear program (Python integers)."""
+    strides = []
+    for u in spec.uops:
+        if u.op is not Ops.LOAD or u.src[0].op is not Ops.INDEX or u.src[0].src[0].op is not Ops.DEFINE_GLOBAL:
+            continue
+        idx = u.src[0].src[1]
+        free = [n for n in idx.toposort if n.op in (Ops.SPECIAL, Ops.RANGE, Ops.DEFINE_VAR)]
+        at = {n: 0 for n in free}
+        lidx0 = [n for n in free if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"]
+        if not lidx0:
+            strides.append(0)
+            continue
+        first = eval_uop(idx, at)
+        strides.append(abs(eval_uop(idx, {**at, lidx0[0]: 1}) - first) * u.src[0].src[0].dtype.base.itemsize)
+    return strides
+
+
+@pytest.mark.parametrize(
+    "kind", ["max0_4096x4096", "sum023_64x64x56x56", "sum023_64x512x7x7", "sum023_64x64x112x112", "bn_backward"]
+)
+def test_strided_reductions_fill_the_gpu_with_coalesced_loads(renderer: CUDARenderer, kind: str) -> None:
+    # a column reduction and BatchNorm statistics (per channel of an NCHW tensor): the kernel that reads the input
+    # has at least 4 warps per H100 SM in workgroups of at least 128 threads, whose neighbouring threads read at
+    # most 16 bytes apart (one vector), and the program is one reading kernel plus at most one short combine
+    if kind == "max0_4096x4096":
+        out = _t(4096, 4096).max(0)
+    elif kind == "bn_backward":
+        # the gradient's sums over (N, H, W) are built as reductions directly (no split in the frontend)
+        x = Tensor.empty(64, 64, 56, 56, device="PYTHON", requires_grad=True)
+        w = Tensor.empty(64, device="PYTHON", requires_grad=True)
+        (x * w.reshape(1, -1, 1, 1)).sum().backward()
+        out = w.grad
+    else:
+        shape = tuple(int(d) for d in kind.split("_")[1].split("x"))
+        out = _t(*shape).sum((0, 2, 3))
+    specs = programs(out, renderer)
+    assert 1 <= len(specs) <= 2, [s.name for s in specs]
+    first = specs[0]
+    warps = math.prod(first.global_size) * math.prod(first.local_size) // 32
+    assert math.prod(first.local_size) >= 128 and warps >= 4 * H100_SMS, (first.global_size, first.local_size)
+    strides = _neighbour_strides(first)
+    assert strides and max(strides) <= 16, strides
+    for spec in specs:
+        assert nvrtc_compile(spec.src, ARCHS[-1]).cubin, spec.name

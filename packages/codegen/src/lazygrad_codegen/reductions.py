@@ -85,6 +85,69 @@ def split_plan(renderer: Renderer, outputs: int, length: int, op: Ops) -> SplitP
     return SplitPlan(length // part, part, _round_up(final, lanes) if final > lanes else final)
 
 
+# a column reduction's parts sum at most this many rows each (the parts' kernel is a short column sum), and at least
+# COLUMN_PART_MIN: fewer would store nearly as many partial results as it reads
+COLUMN_PART_ROWS = 64
+COLUMN_PART_MIN = 8
+
+
+@dataclass(frozen=True)
+class AxisSplit:
+    """A reduction cut along one of its reduced axes: `axis` split into `parts` (outer) times `shape[axis] // parts`
+    (inner); the first reduction reduces the inner part and the reduced axes after `axis` (`parts` becomes an output
+    axis of it), the second the parts and the reduced axes before `axis`. No axis is moved, so both kernels read
+    their inputs through the same strides as the unsplit one."""
+
+    axis: int
+    parts: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [p for p in range(2, n + 1) if n % p == 0]
+
+
+def axis_split(renderer: Renderer, shape: tuple[int, ...], axes: tuple[int, ...], op: Ops) -> AxisSplit | None:
+    """How to cut a reduction with `op` of a tensor of `shape` over `axes` (sorted) along one reduced axis (the first
+    of more than one element), on a GPU (a renderer with local and shared memory; None elsewhere, and where a cut
+    along the flattened reduced axes, `split_plan`, or none serves):
+
+    - a column reduction (an output axis after the reduced ones, the one that neighbouring addresses run along)
+      with too few outputs to give each compute unit `ROW_THREADS` threads of vectors of 4: parts of
+      `COLUMN_PART_MIN` to `COLUMN_PART_ROWS` rows, so that the partial results are that many (the 4096x4096
+      `max(0)` had 8 workgroups of 32 threads);
+    - a reduction over axes with an output axis between them (a BatchNorm statistic of an NCHW tensor) that
+      `split_plan` would cut: parts of whole rows of the axes after the cut one, as many or more than the plan's, each
+      no longer than a plan's part (its flattened cut crossed images, and the index of every element became
+      divisions and remainders)."""
+    if not (renderer.has_local and renderer.has_shared) or op not in (Ops.ADD, Ops.MUL, Ops.MAX) or not axes:
+        return None
+    sized = [a for a in axes if shape[a] > 1]
+    if not sized:
+        return None
+    first = sized[0]
+    length = math.prod(shape[a] for a in axes)
+    outputs = math.prod(d for a, d in enumerate(shape) if a not in axes)
+    kept = [b for b, d in enumerate(shape) if b not in axes and d > 1]
+    if kept and kept[-1] > sized[-1]:
+        if length <= COLUMN_PART_ROWS or outputs * length < PARALLEL_MIN:
+            return None
+        need = -(-max(renderer.compute_units, 1) * ROW_THREADS * 4 // outputs)
+        fits = [p for p in _divisors(shape[first]) if length // p >= COLUMN_PART_MIN]
+        if need < 2 or not fits:
+            return None
+        short = [p for p in fits if length // p <= COLUMN_PART_ROWS]
+        parts = next((p for p in short if p >= need), next((p for p in fits if p >= need), fits[-1]))
+        return AxisSplit(first, parts)
+    if not any(first < b < sized[-1] for b in kept):
+        return None
+    plan = split_plan(renderer, outputs, length, op)
+    if plan is None:
+        return None
+    longest = accumulator_lanes(renderer) * SEQUENTIAL
+    fits = [p for p in _divisors(shape[first]) if p >= plan.parts and length // p <= longest]
+    return AxisSplit(first, fits[0]) if fits else None
+
+
 def _stride(st: ShapeTracker, axis: int) -> int | None:
     s = st.real_strides(ignore_valid=True)[axis]
     return s if isinstance(s, int) else None
@@ -158,6 +221,8 @@ def group_rows(k: Kernel, few: int) -> bool:
 OUTER_ROW_THREADS = 512
 # warps per compute unit that a reduction to few outputs is spread over, all its workgroups together
 OUTER_ROW_WARPS = 32
+# threads of a workgroup that `group_outer_rows` prefers at least: fewer workgroups of one or two warps fit an SM
+OUTER_ROW_MIN = 128
 
 
 def group_outer_rows(k: Kernel) -> bool:
@@ -192,28 +257,27 @@ def group_outer_rows(k: Kernel) -> bool:
     itemsize = max((ld.dtype.itemsize for ld, _ in loads), default=4)
     vector = min(4, max(1, 16 // itemsize)) if r.supports_float4 else 1
     # threads along the row: whole vectors of it where some group of at least 16 threads (256 bytes) divides it,
-    # else single elements, the row padded to whole groups where that wastes at most a sixteenth (a row shorter
-    # than a warp's MIN_STEPS elements: to one warp)
+    # else single elements (groups that divide the row first), the row padded to whole groups where that wastes at
+    # most a sixteenth (a row shorter than a warp's MIN_STEPS elements: to one warp)
     plans = [(t, vector) for t in (256, 128, 64, 32, 16) if vector > 1 and row % (t * vector) == 0]
     plans = [(t, v) for t, v in plans if row >= t * v * MIN_STEPS and t <= limit]
     padded = {t: -(-row // t) * t for t in (256, 128, 64, warp) if t <= limit}
     scalar = [(t, 1) for t, p in padded.items() if row >= t * MIN_STEPS and (p - row) * 16 <= p]
+    scalar.sort(key=lambda plan: padded[plan[0]] != row)  # groups that divide the row first
     plans += scalar or ([(warp, 1)] if warp in padded and 2 * row >= warp else [])
-    for plan in plans:
-        row_threads = plan[0]
-        # threads across the outer axis: enough warps for the device, within the workgroup, each looping at least
-        # twice where it can; at least a warp in all
+    # threads across the outer axis: enough warps for the device, within the workgroup; the first plan that gives
+    # workgroups of OUTER_ROW_MIN threads, else of at least a warp
+    chosen: list[tuple[int, int, int, int]] = []
+    for row_threads, v in plans:
         want = -(-max(r.compute_units, 1) * OUTER_ROW_WARPS * warp // (outputs * row_threads))
+        want = max(want, -(-OUTER_ROW_MIN // row_threads))
         across = [g for g in (1, 2, 4, 8, 16, 32) if row_threads * g <= limit and outer % g == 0]
-        looping = [g for g in across if outer // g >= 2]
-        g = next((g for g in looping if g >= want), looping[-1] if looping else 1)
-        if row_threads * g < warp:
-            g = next((g for g in across if row_threads * g >= warp), g)
+        g = next((g for g in across if g >= want), across[-1])
         if row_threads * g >= warp:
-            break
-    else:
+            chosen.append((row_threads * g, row_threads, v, g))
+    if not chosen:
         return False
-    unroll = plan[1]
+    _, row_threads, unroll, g = next((c for c in chosen if c[0] >= OUTER_ROW_MIN), chosen[0])
     pad = row % row_threads != 0
     trial = k.copy()
     try:

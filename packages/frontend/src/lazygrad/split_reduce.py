@@ -4,6 +4,9 @@ decides where and how finely, from the device's renderer): the reduced axes move
 left over reduced together (padded with the reduction's identity to whole lanes). The scheduler stores the parts (a
 reduction never fuses into another one's input), so the first kernel spreads over every workgroup or core and the
 second is short. The parts' reduction goes through `Tensor._reduce` again, and is itself split when still long.
+
+On GPUs, reductions across the contiguous axis (columns) and over axes with an output axis between them (BatchNorm
+statistics) are cut along one reduced axis instead, moving none (`lazygrad_codegen.reductions.axis_split`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lazygrad_codegen.reductions import split_plan
+from lazygrad_codegen.reductions import AxisSplit, axis_split, split_plan
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -46,7 +49,11 @@ def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     length = math.prod(shape[a] for a in axes)
     outputs = math.prod(d for a, d in enumerate(shape) if a not in axes)
     renderer = renderer_of(x.device)
-    if renderer is None or (plan := split_plan(renderer, outputs, length, op)) is None:
+    if renderer is None:
+        return None
+    if (cut := axis_split(renderer, shape, axes, op)) is not None:
+        return split_along(x, op, axes, cut)
+    if (plan := split_plan(renderer, outputs, length, op)) is None:
         return None
     keep = [a for a in range(len(shape)) if a not in axes]
     flat = x.permute(*keep, *axes).reshape(*(shape[a] for a in keep), length)
@@ -63,3 +70,14 @@ def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
         parts = parts.pad(((0, 0),) * len(keep) + ((0, plan.final - parts.shape[-1]),), value=identity)
     out = parts._reduce(op, len(keep), keepdim=False)
     return out.reshape(tuple(1 if a in axes else d for a, d in enumerate(shape)))
+
+
+def split_along(x: Tensor, op: Ops, axes: tuple[int, ...], cut: AxisSplit) -> Tensor:
+    """`x` reduced with `op` over `axes` (sorted, keeping them as size 1) in two reductions: the reduced axis
+    `cut.axis` reshaped to (parts, rest), the first reducing the rest and the reduced axes after it, the second the
+    parts and the reduced axes before it."""
+    shape, a = x.shape, cut.axis
+    y = x.reshape(*shape[:a], cut.parts, shape[a] // cut.parts, *shape[a + 1 :])
+    parts = y._reduce(op, (a + 1, *(b + 1 for b in axes if b > a)), keepdim=True)
+    out = parts._reduce(op, (*(b for b in axes if b < a), a), keepdim=True)
+    return out.reshape(tuple(1 if i in axes else d for i, d in enumerate(shape)))
