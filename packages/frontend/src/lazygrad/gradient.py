@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from lazygrad.split_reduce import reduce_uop_along_axis
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -42,7 +43,11 @@ def _sum(u: UOp, axes: tuple[int, ...]) -> UOp:
     if not axes:
         return u
     acc = dtypes.float32 if u.dtype in (dtypes.float16, dtypes.bfloat16) else u.dtype
-    return UOp(Ops.REDUCE_AXIS, acc, (u.cast(acc),), (Ops.ADD, axes)).cast(u.dtype)
+    # on GPUs, column sums and sums around a kept axis in two kernels along one reduced axis (`split_reduce`)
+    x = u.cast(acc)
+    if (summed := reduce_uop_along_axis(x, Ops.ADD, axes)) is None:
+        summed = UOp(Ops.REDUCE_AXIS, acc, (x,), (Ops.ADD, axes))
+    return summed.cast(u.dtype)
 
 
 def _sum_to(g: UOp, shape: tuple[int, ...]) -> UOp:

@@ -19,7 +19,7 @@ from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
-from lazygrad_uop.shape import shape_of
+from lazygrad_uop.shape import device_of, shape_of
 from lazygrad_uop.uop import UOp
 
 if TYPE_CHECKING:
@@ -40,6 +40,24 @@ def broadcast_along(u: UOp, axes: tuple[int, ...]) -> bool:
     return u.op is Ops.EXPAND and all(shape_of(u.src[0])[a] == 1 for a in axes)
 
 
+_MOVES = (Ops.CAST, Ops.RESHAPE, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP)
+
+
+def _broadcast(u: UOp) -> bool:
+    """Whether `u` is a broadcast (an EXPAND) under movement ops and casts."""
+    while u.op in _MOVES:
+        u = u.src[0]
+    return u.op is Ops.EXPAND
+
+
+def matmul_like(u: UOp) -> bool:
+    """Whether `u` (under casts) is a product of two broadcasts: a matmul's or a convolution's products, whose
+    reduction codegen tiles (and splits) as a matmul, so the frontend leaves it whole."""
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u.op is Ops.MUL and all(_broadcast(s) for s in u.src)
+
+
 def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     """`x` reduced with `op` over `axes` (sorted, normalised, keeping them as size 1) in parts, or None when the
     reduction is better left whole (or has a symbolic size)."""
@@ -51,7 +69,7 @@ def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     renderer = renderer_of(x.device)
     if renderer is None:
         return None
-    if (cut := axis_split(renderer, shape, axes, op)) is not None:
+    if not matmul_like(x.uop) and (cut := axis_split(renderer, shape, axes, op)) is not None:
         return split_along(x, op, axes, cut)
     if (plan := split_plan(renderer, outputs, length, op)) is None:
         return None
@@ -81,3 +99,21 @@ def split_along(x: Tensor, op: Ops, axes: tuple[int, ...], cut: AxisSplit) -> Te
     parts = y._reduce(op, (a + 1, *(b + 1 for b in axes if b > a)), keepdim=True)
     out = parts._reduce(op, (*(b for b in axes if b < a), a), keepdim=True)
     return out.reshape(tuple(1 if i in axes else d for i, d in enumerate(shape)))
+
+
+def reduce_uop_along_axis(u: UOp, op: Ops, axes: tuple[int, ...]) -> UOp | None:
+    """The tensor-graph UOp `u` reduced with `op` over `axes` (sorted, keeping them as size 1) in two REDUCE_AXIS cut
+    along one reduced axis where `axis_split` cuts it on `u`'s device (as `split_along` does for a Tensor), else None.
+    For reductions built as UOps (the gradient's sums, the adjoint of a broadcast: BatchNorm's weight gradient)."""
+    shape = shape_of(u)
+    if not all(isinstance(d, int) for d in shape) or broadcast_along(u, axes) or matmul_like(u):
+        return None
+    renderer = renderer_of(device_of(u))
+    if renderer is None or (cut := axis_split(renderer, shape, axes, op)) is None:
+        return None
+    a = cut.axis
+    split = (*shape[:a], cut.parts, shape[a] // cut.parts, *shape[a + 1 :])
+    y = UOp(Ops.RESHAPE, u.dtype, (u,), split)
+    parts = UOp(Ops.REDUCE_AXIS, u.dtype, (y,), (op, (a + 1, *(b + 1 for b in axes if b > a))))
+    out = UOp(Ops.REDUCE_AXIS, u.dtype, (parts,), (op, (*(b for b in axes if b < a), a)))
+    return UOp(Ops.RESHAPE, u.dtype, (out,), tuple(1 if i in axes else d for i, d in enumerate(shape)))
