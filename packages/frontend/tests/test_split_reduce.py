@@ -296,3 +296,36 @@ def test_strided_reductions_on_an_emulated_gpu_match_numpy(emulated_gpu: str, ca
         assert len(reductions) >= 2, "partial reductions along the cut axis and their reduction"
     tol = 2e-2 if dtype == dtypes.float16 else 1e-5
     np.testing.assert_allclose(np.asarray(got.numpy(), np.float64), want, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("case", STRIDED, ids=lambda c: f"{c[0]}-{c[1]}")
+def test_strided_reductions_match_numpy_on_every_device(device: str, case) -> None:
+    # the same reductions on each device with its own choices (cut along an axis on GPUs, whole or flat elsewhere)
+    shape, axes, _ = case
+    if device == "CL" and case is not STRIDED[0]:
+        pytest.skip("PoCL takes seconds per kernel: CL runs the first case (the emulated GPU runs every one above)")
+    if device == "PYTHON" and np.prod(shape) > 40000:
+        pytest.skip("the PYTHON interpreter takes seconds on the larger cases (the emulated GPU runs them above)")
+    a = values(shape, dtypes.float32)
+    t = Tensor(a, device=device)
+    np.testing.assert_allclose(t.sum(axes).numpy(), a.astype(np.float64).sum(axes), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(t.max(axes).numpy(), a.max(axes))
+    np.testing.assert_allclose(t.mean(axes).numpy(), a.astype(np.float64).mean(axes), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("emulated_gpu", [32], ids=["shuffles"], indirect=True)
+@pytest.mark.parametrize("shape", [(256, 130), (64, 2, 24, 24)])
+def test_gradient_sums_of_broadcasts_are_cut_on_an_emulated_gpu_and_match_torch(emulated_gpu: str, shape) -> None:
+    # the weight's gradient of x * w (w broadcast over every axis but 1, or but the last): a column sum, or a
+    # BatchNorm-like sum over (N, H, W), built by the gradient as reductions of its own
+    torch = pytest.importorskip("torch")
+    keep = 1 if len(shape) == 4 else len(shape) - 1
+    wshape = tuple(d if i == keep else 1 for i, d in enumerate(shape))
+    a, b = values(shape, dtypes.float32), values(wshape, dtypes.float32)
+    x, w = Tensor(a, device=emulated_gpu), Tensor(b, device=emulated_gpu, requires_grad=True)
+    (x * w).sum().backward()
+    reductions = [si for si in w.grad.schedule() if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
+    assert len(reductions) >= 2, "partial sums along the cut axis and their sum"
+    tw = torch.tensor(b, requires_grad=True)
+    (torch.tensor(a) * tw).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-4)
