@@ -18,7 +18,7 @@ from lazygrad_codegen.heuristic import hand_coded_optimizations
 from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.lowerer import hardware_indices, lower
-from lazygrad_codegen.reductions import SEQUENTIAL, accumulator_lanes, split_plan
+from lazygrad_codegen.reductions import COLUMN_PART_MIN, SEQUENTIAL, accumulator_lanes, axis_split, split_plan
 from lazygrad_uop.dtype import dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import eval_uop
@@ -82,6 +82,36 @@ def test_split_plans_follow_the_device() -> None:
     assert plan is not None and plan.parts >= 4
     assert split_plan(Host(), 4096, 4096, Ops.ADD) is None
     assert split_plan(Host(), 1, 1000, Ops.ADD) is None
+
+
+@settings(deadline=None)
+@given(
+    renderer=hst.sampled_from([Host(), Gpu(), CRenderer()]),
+    shape=hst.lists(hst.sampled_from([1, 2, 3, 7, 12, 49, 64, 100, 128, 512, 4096]), min_size=1, max_size=4),
+    data=hst.data(),
+    op=hst.sampled_from([Ops.ADD, Ops.MAX, Ops.MUL]),
+)
+def test_axis_splits_cut_a_reduced_axis_into_whole_parts_on_gpus_only(renderer, shape, data, op: Ops) -> None:
+    axes = tuple(sorted(data.draw(hst.sets(hst.integers(0, len(shape) - 1), min_size=1))))
+    cut = axis_split(renderer, tuple(shape), axes, op)
+    if not (renderer.has_local and renderer.has_shared):
+        assert cut is None, "CPUs and devices without workgroups keep their flat split plans"
+        return
+    if cut is None:
+        return
+    length = math.prod(shape[a] for a in axes)
+    outputs = math.prod(d for a, d in enumerate(shape) if a not in axes)
+    # the first reduced axis of more than one element, cut into whole parts
+    assert cut.axis == next(a for a in axes if shape[a] > 1)
+    assert cut.parts >= 1 and shape[cut.axis] % cut.parts == 0
+    kept = [b for b, d in enumerate(shape) if b not in axes and d > 1]
+    if kept and kept[-1] > max(a for a in axes if shape[a] > 1):
+        # columns: parts of at least COLUMN_PART_MIN rows, more partial results than outputs
+        assert cut.parts >= 2 and length // cut.parts >= COLUMN_PART_MIN and outputs * cut.parts > outputs
+    else:
+        # around a kept axis: parts no longer than a split plan's
+        assert any(cut.axis < b for b in kept)
+        assert cut.parts == 1 or length // cut.parts <= accumulator_lanes(renderer) * SEQUENTIAL
 
 
 # *** a workgroup per row ***

@@ -100,6 +100,7 @@ class AxisSplit:
 
     axis: int
     parts: int
+    """1: leave the reduction whole (one kernel serves it better than any cut)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -118,7 +119,8 @@ def axis_split(renderer: Renderer, shape: tuple[int, ...], axes: tuple[int, ...]
     - a reduction over axes with an output axis between them (a BatchNorm statistic of an NCHW tensor) that
       `split_plan` would cut: parts of whole rows of the axes after the cut one, as many or more than the plan's, each
       no longer than a plan's part (its flattened cut crossed images, and the index of every element became
-      divisions and remainders)."""
+      divisions and remainders); whole (`parts` 1) where only the plan's spreading over the device would cut and
+      outputs enough for half the compute units have a workgroup each."""
     if not (renderer.has_local and renderer.has_shared) or op not in (Ops.ADD, Ops.MUL, Ops.MAX) or not axes:
         return None
     sized = [a for a in axes if shape[a] > 1]
@@ -144,6 +146,10 @@ def axis_split(renderer: Renderer, shape: tuple[int, ...], axes: tuple[int, ...]
     if plan is None:
         return None
     longest = accumulator_lanes(renderer) * SEQUENTIAL
+    if 2 * outputs >= renderer.compute_units and outputs * longest > length:
+        # cut only to spread few outputs over the device, but a workgroup per output (`group_outer_rows`) already
+        # covers half of it: one kernel, not a partial reduction and a kernel per output buffer to combine it
+        return AxisSplit(first, 1)
     fits = [p for p in _divisors(shape[first]) if p >= plan.parts and length // p <= longest]
     return AxisSplit(first, fits[0]) if fits else None
 

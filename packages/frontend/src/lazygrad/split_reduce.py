@@ -70,7 +70,7 @@ def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     if renderer is None:
         return None
     if not matmul_like(x.uop) and (cut := axis_split(renderer, shape, axes, op)) is not None:
-        return split_along(x, op, axes, cut)
+        return split_along(x, op, axes, cut) if cut.parts > 1 else None
     if (plan := split_plan(renderer, outputs, length, op)) is None:
         return None
     keep = [a for a in range(len(shape)) if a not in axes]
@@ -109,7 +109,7 @@ def reduce_uop_along_axis(u: UOp, op: Ops, axes: tuple[int, ...]) -> UOp | None:
     if not all(isinstance(d, int) for d in shape) or broadcast_along(u, axes) or matmul_like(u):
         return None
     renderer = renderer_of(device_of(u))
-    if renderer is None or (cut := axis_split(renderer, shape, axes, op)) is None:
+    if renderer is None or (cut := axis_split(renderer, shape, axes, op)) is None or cut.parts == 1:
         return None
     a = cut.axis
     split = (*shape[:a], cut.parts, shape[a] // cut.parts, *shape[a + 1 :])
