@@ -5,10 +5,12 @@ In order:
 0. on GPUs with local memory, matmul-like kernels (convolutions too) get multi-warp workgroup tiles with their
    operands staged through local memory (`lazygrad_codegen.tiling`);
 1. tensor cores, when the renderer has some and the kernel is a matmul they fit (padding allowed);
-2. on GPUs, a grouped reduction (GROUPTOP) when the output is too small to keep the device busy but the reduction
-   is long; on GPUs with warp shuffles (`warp_size`), a reduction to very few outputs gets the largest workgroup
-   (up to 1024 threads, whole warps that combine by shuffles), and a reduction whose length no such group divides is
-   padded to a multiple of one first;
+2. on GPUs, a reduction over rows and an axis outside them (BatchNorm statistics) a workgroup per output split
+   across the row and that axis (`reductions.group_outer_rows`); a reduction along rows a workgroup per row
+   (`reductions.group_rows`); a grouped reduction (GROUPTOP) when the output is too small to keep the device busy
+   but the reduction is long; on GPUs with warp shuffles (`warp_size`), a reduction to very few outputs gets the
+   largest workgroup (up to 1024 threads, whole warps that combine by shuffles), and a reduction whose length no such
+   group divides is padded to a multiple of one first;
 3. register reuse: a load that does not depend on an output axis (stride 0 along it, as B along the rows of a matmul)
    is read once for every output along that axis a thread computes, so such axes are upcast, first and widest one
    that an input is contiguous along (the output's contiguous one when it is such an axis; a multiple of the vector

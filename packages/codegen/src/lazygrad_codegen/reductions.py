@@ -1,6 +1,8 @@
 """Long reductions and reductions along rows: how a reduction is cut into partial reductions of bounded length
-(`split_plan`, which the frontend applies while it builds the graph), and the workgroups a reduction to many outputs
-gets on GPUs (`group_rows`: a workgroup, or one warp for short rows, per output).
+(`split_plan`, which the frontend applies while it builds the graph; on GPUs `axis_split` instead cuts column
+reductions and reductions around a kept axis along one reduced axis), and the workgroups a reduction to many outputs
+gets on GPUs (`group_rows`: a workgroup, or one warp for short rows, per output; `group_outer_rows`: the same with
+its threads also across an axis outside the rows, for BatchNorm statistics).
 
 A reduction keeps `accumulator_lanes(renderer)` partial results per output side by side: the threads of a workgroup
 on GPUs, the vector lanes of the unrolled loop on CPUs, one on a device without either. Each lane adds its elements
