@@ -38,17 +38,23 @@ def bfloat16_values(a: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
-def values(shape: tuple[int, ...], dtype) -> np.ndarray:
+def values(shape: tuple[int, ...], dtype, rng: np.random.Generator = RNG) -> np.ndarray:
     if dtype == dtypes.bfloat16:
         # (numpy has no bfloat16: float32 values that bfloat16 holds exactly)
-        return bfloat16_values(RNG.standard_normal(shape))
+        return bfloat16_values(rng.standard_normal(shape))
     npdt = to_numpy_dtype(dtype)
     if dtype == dtypes.bool:
-        return RNG.random(shape) < 0.3
+        return rng.random(shape) < 0.3
     if dtypes.is_int(dtype):
         info = np.iinfo(npdt)
-        return RNG.integers(max(info.min, -100), min(info.max, 100), shape).astype(npdt)
-    return RNG.standard_normal(shape).astype(npdt)
+        return rng.integers(max(info.min, -100), min(info.max, 100), shape).astype(npdt)
+    return rng.standard_normal(shape).astype(npdt)
+
+
+def own_values(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """`values` from a generator of the shape's own: what a test draws doesn't depend on the tests run before it in
+    this process (the shared generator's next draw does), nor changes what they draw."""
+    return values(shape, dtype, np.random.default_rng(list(shape)))
 
 
 @pytest.mark.parametrize(
@@ -283,7 +289,7 @@ STRIDED = [
 )
 def test_strided_reductions_on_an_emulated_gpu_match_numpy(emulated_gpu: str, case, op: str, dtype) -> None:
     shape, axes, cut = case
-    a = values(shape, dtype)
+    a = own_values(shape, dtype)
     t = Tensor(a, device=emulated_gpu, dtype=dtype)
     if op == "argmax":
         # one axis only: the first reduced one
@@ -306,7 +312,7 @@ def test_strided_reductions_match_numpy_on_every_device(device: str, case) -> No
         pytest.skip("PoCL takes seconds per kernel: CL runs the first case (the emulated GPU runs every one above)")
     if device == "PYTHON" and np.prod(shape) > 40000:
         pytest.skip("the PYTHON interpreter takes seconds on the larger cases (the emulated GPU runs them above)")
-    a = values(shape, dtypes.float32)
+    a = own_values(shape, dtypes.float32)
     t = Tensor(a, device=device)
     np.testing.assert_allclose(t.sum(axes).numpy(), a.astype(np.float64).sum(axes), rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(t.max(axes).numpy(), a.max(axes))
@@ -321,7 +327,7 @@ def test_gradient_sums_of_broadcasts_are_cut_on_an_emulated_gpu_and_match_torch(
     torch = pytest.importorskip("torch")
     keep = 1 if len(shape) == 4 else len(shape) - 1
     wshape = tuple(d if i == keep else 1 for i, d in enumerate(shape))
-    a, b = values(shape, dtypes.float32), values(wshape, dtypes.float32)
+    a, b = own_values(shape, dtypes.float32), own_values(wshape, dtypes.float32)
     x, w = Tensor(a, device=emulated_gpu), Tensor(b, device=emulated_gpu, requires_grad=True)
     (x * w).sum().backward()
     reductions = [si for si in w.grad.schedule() if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
