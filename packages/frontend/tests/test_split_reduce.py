@@ -13,7 +13,7 @@ from hypothesis import strategies as hst
 
 import lazygrad.engine
 from lazygrad import Tensor
-from lazygrad_codegen.reductions import SEQUENTIAL, accumulator_lanes
+from lazygrad_codegen.reductions import COLUMN_PART_ROWS, PARALLEL_MIN, SEQUENTIAL, accumulator_lanes
 from lazygrad_uop.dtype import dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
@@ -335,3 +335,39 @@ def test_gradient_sums_of_broadcasts_are_cut_on_an_emulated_gpu_and_match_torch(
     tw = torch.tensor(b, requires_grad=True)
     (torch.tensor(a) * tw).sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("emulated_gpu", [32], ids=["shuffles"], indirect=True)
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    k=hst.sampled_from([96, 200, 384, 515]),
+    m=hst.sampled_from([64, 130, 256]),
+    lead=hst.sampled_from([(), (1,), (1, 1)]),
+    dtype=hst.sampled_from([dtypes.float32, dtypes.float16]),
+)
+def test_row_times_matrix_is_cut_like_a_column_reduction_on_an_emulated_gpu(
+    emulated_gpu: str, k: int, m: int, lead: tuple[int, ...], dtype
+) -> None:
+    # a decoding step's x @ W (one row of x, W stored (k, m)): the rows of W cut into parts, each summed by
+    # coalesced threads, then the parts, rather than a workgroup per few columns reading all k rows alone
+    x, w = own_values((*lead, k), dtype), own_values((k, m), dtype)
+    got = Tensor(x, device=emulated_gpu) @ Tensor(w, device=emulated_gpu)
+    reductions = [si for si in got.schedule() if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
+    if k * m >= PARALLEL_MIN and k > COLUMN_PART_ROWS:  # else too small to be worth a cut
+        assert len(reductions) >= 2, "partial sums of row blocks and their sum"
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    tol = 2e-2 if dtype == dtypes.float16 else 1e-5
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got.numpy(), np.float64), want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+def test_row_times_matrix_gradients_match_torch_on_every_device(device: str) -> None:
+    torch = pytest.importorskip("torch")
+    x, w = own_values((1, 300), dtypes.float32), own_values((300, 70), dtypes.float32)
+    tx, tw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    (tx @ tw).square().sum().backward()
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    (rx @ rw).square().sum().backward()
+    for got, want in ((tx.grad, rx.grad), (tw.grad, rw.grad)):
+        want = want.numpy()  # sums of products of values up to a few hundred: tolerances on that scale
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -190,3 +190,24 @@ def test_strided_reductions_fill_the_gpu_with_coalesced_loads(renderer: CUDARend
     assert strides and max(strides) <= 16, strides
     for spec in specs:
         assert nvrtc_compile(spec.src, ARCHS[-1]).cubin, spec.name
+
+
+@pytest.mark.parametrize(("k", "m"), [(768, 2304), (3072, 768), (768, 3072)])
+def test_row_times_matrix_fills_the_gpu_and_its_parts_sum_in_many_workgroups(
+    renderer: CUDARenderer, k: int, m: int
+) -> None:
+    # GPT-2's decoding step: x (one row) @ W (k, m). The rows of W are summed in parts by coalesced threads over
+    # every multiprocessor (main had 9 workgroups of 32 threads for 768x2304), then the parts by a workgroup per
+    # warp's width of outputs whose threads split the parts, never one thread per 16 outputs over every part
+    specs = programs(_t(1, k) @ _t(k, m), renderer)
+    assert len(specs) >= 2, [s.name for s in specs]
+    first, last = specs[0], specs[-1]
+    warps = math.prod(first.global_size) * math.prod(first.local_size) // 32
+    assert warps >= 4 * H100_SMS, (first.global_size, first.local_size)
+    assert max(_neighbour_strides(first)) <= 16
+    assert math.prod(last.global_size) >= m // 32 and math.prod(last.local_size) >= 128, (
+        last.global_size,
+        last.local_size,
+    )
+    for spec in specs:
+        assert nvrtc_compile(spec.src, ARCHS[-1]).cubin, spec.name

@@ -277,12 +277,14 @@ def _short_column_sums(k: Kernel) -> bool:
     for a in globals_:
         outputs *= int(k.full_shape[a])
     loads = [(ld, st) for ld, st in k.loads() if ld.src[1] in k.full_views]
-    if rows > SHORT_SUM_ROWS or outputs < SHORT_SUM_OUTPUTS or not loads:
+    if rows > SHORT_SUM_ROWS or not loads:
         return False
     ld, biggest = max(loads, key=lambda x: x[1].real_size())
     inner = globals_[-1]
     if _stride(biggest, inner) != 1 or _stride(k.stores()[0][1], inner) != 1:
         return False
+    if outputs < SHORT_SUM_OUTPUTS:
+        return _few_column_sums(k, rows, len(globals_) - 1)
     trial = k.copy()
     # few outputs (a weight gradient's 9408) must still spread over every compute unit: vectors only while each
     # unit keeps a full workgroup, and smaller workgroups (down to two warps) before fewer of them
@@ -296,6 +298,25 @@ def _short_column_sums(k: Kernel) -> bool:
                 break
     threads = next((t for t in (ELEMENTWISE_THREADS, 128) if outputs >= units * t), 64)
     if not elementwise_workgroups(trial, reductions=True, threads=threads):
+        return False
+    k.__dict__.update(trial.__dict__)
+    return True
+
+
+def _few_column_sums(k: Kernel, rows: int, inner: int) -> bool:
+    """A short sum across rows to fewer outputs than `SHORT_SUM_OUTPUTS` (the parts of a matrix-vector product cut
+    along its rows: C[n] = sum_p P[p, n] for a few thousand n): a warp's threads on neighbouring outputs (coalesced
+    rows) and the workgroup's warps each on their share of the rows (GROUPTOP, combined in shared memory), so that
+    the kernel has a workgroup per warp's width of outputs rather than a 16-output register tile per thread in a
+    handful of workgroups. Returns whether it applied (global axis `inner` is the one the rows run along)."""
+    size = int(k.full_shape[k.axes(AxisType.GLOBAL)[inner]])
+    warp = warp_size(k.renderer) or 32
+    group = next((g for g in (8, 4, 2) if rows % g == 0 and rows // g >= 2), 1)
+    if size % warp or group == 1:
+        return False
+    trial = k.copy()
+    # the group first: the axis applied last is threadIdx.x, which neighbouring outputs must be
+    if not (_try(trial, Opt(OptOps.GROUPTOP, 0, group)) and _try(trial, Opt(OptOps.LOCAL, inner, warp))):
         return False
     k.__dict__.update(trial.__dict__)
     return True

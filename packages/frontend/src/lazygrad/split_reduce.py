@@ -26,11 +26,27 @@ if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
 
 
+# a product of broadcasts with at most this many outputs per compute unit is a matrix-vector product (`matmul_like`)
+GEMV_OUTPUTS_PER_UNIT = 32
+
+
 def renderer_of(device: str) -> Renderer | None:
     """The renderer kernels for `device` are made with (None for a device that isn't one compiled device)."""
     if not isinstance(device, str):
         return None
     return getattr(Device[device], "renderer", None)
+
+
+def vector_product(device: str, outputs: int) -> bool:
+    """Whether a row times a matrix with `outputs` columns on `device` is a matrix-vector product to reduce as a
+    column reduction of the matrix: on a GPU (a renderer with workgroups and shared memory, where `axis_split` cuts
+    it), with too few outputs for a matmul's tiles (see `matmul_like`)."""
+    r = renderer_of(device)
+    return r is not None and r.has_local and r.has_shared and not _many_outputs(r, outputs)
+
+
+def _many_outputs(renderer: Renderer, outputs: int) -> bool:
+    return outputs > max(renderer.compute_units, 1) * GEMV_OUTPUTS_PER_UNIT
 
 
 def broadcast_along(u: UOp, axes: tuple[int, ...]) -> bool:
@@ -50,12 +66,16 @@ def _broadcast(u: UOp) -> bool:
     return u.op is Ops.EXPAND
 
 
-def matmul_like(u: UOp) -> bool:
+def matmul_like(u: UOp, renderer: Renderer | None = None, outputs: int | None = None) -> bool:
     """Whether `u` (under casts) is a product of two broadcasts: a matmul's or a convolution's products, whose
-    reduction codegen tiles (and splits) as a matmul, so the frontend leaves it whole."""
+    reduction codegen tiles (and splits) as a matmul, so the frontend leaves it whole. Given the `renderer` and the
+    reduction's `outputs`, not one with fewer outputs than a warp per compute unit: a matrix-vector product (a
+    decoding step's `x @ W` with one row of x) has nothing to tile and is a column reduction of W, cut like one."""
     while u.op is Ops.CAST:
         u = u.src[0]
-    return u.op is Ops.MUL and all(_broadcast(s) for s in u.src)
+    if not (u.op is Ops.MUL and all(_broadcast(s) for s in u.src)):
+        return False
+    return renderer is None or outputs is None or _many_outputs(renderer, outputs)
 
 
 def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
@@ -69,7 +89,7 @@ def split_reduce(x: Tensor, op: Ops, axes: tuple[int, ...]) -> Tensor | None:
     renderer = renderer_of(x.device)
     if renderer is None:
         return None
-    if not matmul_like(x.uop) and (cut := axis_split(renderer, shape, axes, op)) is not None:
+    if not matmul_like(x.uop, renderer, outputs) and (cut := axis_split(renderer, shape, axes, op)) is not None:
         return split_along(x, op, axes, cut) if cut.parts > 1 else None
     if (plan := split_plan(renderer, outputs, length, op)) is None:
         return None

@@ -30,7 +30,7 @@ from lazygrad.multi import reshard as reshard_multi
 from lazygrad.multi import shard as shard_uop
 from lazygrad.random import RandomMixin
 from lazygrad.reduction import ReductionMixin
-from lazygrad.split_reduce import split_reduce
+from lazygrad.split_reduce import split_reduce, vector_product
 from lazygrad_scheduler import ScheduleItem
 from lazygrad_uop.device import Buffer
 from lazygrad_uop.dtype import (
@@ -1273,6 +1273,13 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise InputError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
         dt = least_upper_dtype(x.dtype, w.dtype)
         x, w = x.cast(dt), w.cast(dt)
+        acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+        if w.ndim == 2 and math.prod(x.shape[:-1]) == 1 and vector_product(x.device, w.shape[-1]):
+            # one row times a matrix (a decoding step's x @ W): (k, 1) * (k, m) summed over k, the reduced axis ahead
+            # of the kept one as in W's memory, so that the reduction is cut along k into parts like a column
+            # reduction (split_reduce) rather than left to one workgroup per few columns
+            out = (x.reshape(k, 1) * w).cast(acc)._reduce(Ops.ADD, 0, False).cast(dt)
+            return out.reshape(*x.shape[:-1], w.shape[-1])
         if w.ndim == 1:
             a, b = x._broadcasted(w)  # (..., k) * (k,), summed over k
         else:
@@ -1281,7 +1288,6 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             if x.ndim > 1:
                 x, wt = x.reshape(*x.shape[:-1], 1, k), wt.reshape(*wt.shape[:-2], 1, *wt.shape[-2:])
             a, b = x._broadcasted(wt)
-        acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
         return (a * b).cast(acc)._reduce(Ops.ADD, -1, False).cast(dt)
 
     def matmul(self, w: Tensor) -> Tensor:
