@@ -11,7 +11,7 @@ import pytest
 from codegen_cases import run_python
 from test_staging import ASYNC_TC_GPU, FMA_GPU, TC_GPU, bmm, bmm_ast
 
-from lazygrad_codegen import Opt, OptOps, get_program
+from lazygrad_codegen import Opt, OptOps, get_program, tiling
 from lazygrad_codegen.memory_traffic import global_load_bytes
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -84,9 +84,11 @@ def test_odd_sized_default_cuda_matmul_loads_about_a_64th_of_a_byte_per_flop(m: 
     assert loaded * 64 <= 2 * m * n * k * 1.04
 
 
-def test_threads_past_the_end_of_a_copy_do_not_count() -> None:
+def test_threads_past_the_end_of_a_copy_do_not_count(monkeypatch: pytest.MonkeyPatch) -> None:
     # a 128x4 fp32 tile of A is 128 copies of 4 floats, made by the first 128 of 256 threads: the others are gated
-    # off by their thread index, and the count is exactly the tiled matmul's
+    # off by their thread index, and the count is exactly the tiled matmul's (the full 8x8 register tile, which a
+    # matmul this small would not get for parallelism: `tiling.fma_register_tile`)
+    monkeypatch.setattr(tiling, "FMA_WARPS_PER_UNIT", 0)
     m = n = 256
     k = 64
     spec = get_program(bmm_ast(1, m, n, k, dtypes.float32), FMA_GPU)

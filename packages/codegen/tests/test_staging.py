@@ -441,9 +441,11 @@ def test_default_tiles_of_any_shape_match_numpy(batch: int, m: int, n: int, k: i
 @pytest.mark.parametrize(
     ("dtype", "renderer"), [(dtypes.float16, TC_GPU), (dtypes.bfloat16, LDMATRIX_GPU), (dtypes.float32, FMA_GPU)]
 )
-def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer) -> None:
+def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer, monkeypatch: pytest.MonkeyPatch) -> None:
     # 250 x 125 x 70: no 128-row tile divides M or N; padded, the default is the full 128x128 tile of 8 warps (256
-    # FMA threads) over 2x1 workgroups, as on a multiple of the tile
+    # FMA threads) over 2x1 workgroups, as on a multiple of the tile (whatever the parallelism: a kernel this small
+    # would otherwise get a smaller FMA register tile, `tiling.fma_register_tile`)
+    monkeypatch.setattr(tiling, "FMA_WARPS_PER_UNIT", 0)
     case = bmm(1, 250, 125, 70, dtype)
     spec = _staged_run(case, renderer, None)
     k = Kernel(case.ast, renderer).apply_opts(list(spec.opts))
@@ -504,8 +506,10 @@ def test_vector_copies_keep_masks_whole_against_brute_force(m, k, extra, pad_m, 
                     assert len(seen) == 1, (st, axis, row, rest, start)
 
 
-def test_full_size_odd_shapes_get_the_round_shapes_tiles() -> None:
-    # the fp32 4095x4097x1000 matmul had one-thread workgroups: no tile divided 4095 or 4097
+def test_full_size_odd_shapes_get_the_round_shapes_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fp32 4095x4097x1000 matmul had one-thread workgroups: no tile divided 4095 or 4097 (the full FMA register
+    # tile whatever the parallelism, which would shrink it at 1000^3 on 32 units: `tiling.fma_register_tile`)
+    monkeypatch.setattr(tiling, "FMA_WARPS_PER_UNIT", 0)
     for dtype, renderer in ((dtypes.float32, FMA_GPU), (dtypes.float16, TC_GPU)):
         for m, n, kk in ((4095, 1000, 4097), (4095, 4096, 4097), (1000, 1000, 1000)):
             k = hand_coded_optimizations(Kernel(bmm_ast(1, m, n, kk, dtype), renderer))

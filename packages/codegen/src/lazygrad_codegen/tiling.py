@@ -57,8 +57,39 @@ def _source_load(u: UOp) -> UOp:
     return u
 
 
+def _same_validity(a: ShapeTracker, b: ShapeTracker) -> bool:
+    """Whether views `a` and `b` are valid at exactly the same indices: the same stack of views, equal but for the
+    strides and offset of the bottom one (which only place the address in the buffer)."""
+    if len(a.views) != len(b.views) or a.views[1:] != b.views[1:]:
+        return False
+    return a.views[0].shape == b.views[0].shape and a.views[0].mask == b.views[0].mask
+
+
+def _padded_load(u: UOp, views: dict[UOp, ShapeTracker]) -> UOp | None:
+    """The LOAD of `u` when `u` is one selected by its own validity, `WHERE(valid, LOAD, 0)` with `valid` a constant
+    True valid exactly where the load's view is (the frontend pads an expression that isn't 0 at 0 so, and the
+    expression may be stored by a kernel of its own: its load then reads 0 in the padding already); else None."""
+    if u.op is not Ops.WHERE:
+        return None
+    valid, load, zero = u.src
+    if valid.op is not Ops.CONST or valid.arg is not True or load.op is not Ops.LOAD:
+        return None
+    if zero.op is not Ops.CONST or zero.arg != 0 or len(valid.src) != 1 or valid.src[0] not in views:
+        return None
+    return load if _same_validity(views[valid.src[0]], views[load.src[1]]) else None
+
+
+def without_padding_selects(k: Kernel) -> Kernel:
+    """`k` (no opts applied) rebuilt without the selects of padded loads (`_padded_load`) below its reduction: what
+    they select the load reads anyway, and a staged tile would compute each select's validity again for every use
+    of the staged value in the inner loop. `k` itself when it has none."""
+    selects = {u: ld for r in k.reduceops for u in r.src[0].toposort if (ld := _padded_load(u, k.views)) is not None}
+    return Kernel(k.ast.substitute(selects), k.renderer) if selects else k
+
+
 def _operands(k: Kernel) -> tuple[ShapeTracker, ShapeTracker] | None:
-    """The views of A and B of a matmul-like kernel (see the module docstring), or None when it isn't one."""
+    """The views of A and B of a matmul-like kernel (see the module docstring), or None when it isn't one. A load
+    selected by its own validity (`_padded_load`) counts as the load."""
     reduces = k.reduceops
     if len(reduces) != 1 or reduces[0].arg[0] is not Ops.ADD:
         return None
@@ -66,6 +97,7 @@ def _operands(k: Kernel) -> tuple[ShapeTracker, ShapeTracker] | None:
     if x.op is not Ops.MUL:
         return None
     loads = [_source_load(s) for s in x.src]
+    loads = [_source_load(p) if (p := _padded_load(ld, k.views)) is not None else ld for ld in loads]
     if any(ld.op is not Ops.LOAD for ld in loads):
         return None
     return k.views[loads[0].src[1]], k.views[loads[1].src[1]]
@@ -109,6 +141,27 @@ WARPS_AT_LEAST = 2
 short M (a weight gradient's 64 output channels) is better two warps of 32 rows than one of 64."""
 
 
+FMA_WARPS_PER_UNIT = 16
+"""An FMA tile keeps at least this many warps per compute unit busy, all workgroups together, where a smaller register
+tile allows: its copies into local memory are synchronous, so a unit hides their latency only behind other warps (a
+7x7 convolution with 512 channels makes 3136x512 outputs: 8x8 per thread leaves six warps per H100 multiprocessor)."""
+
+
+def fma_register_tile(k: Kernel) -> dict[str, int]:
+    """The largest register tile (M x N outputs per thread, at most 8x8) of an FMA kernel `k` that leaves its threads,
+    one per tile of the output, at least `FMA_WARPS_PER_UNIT` warps per compute unit of its renderer; 4x4 when none
+    does. The outputs count every output axis (a split reduction's parts, a batch of matmuls)."""
+    outputs = 1
+    for a in k.axes(AxisType.GLOBAL):
+        size = k.full_shape[a]
+        outputs *= size if isinstance(size, int) else 1 << 20
+    want = max(1, k.renderer.compute_units) * FMA_WARPS_PER_UNIT * (warp_size(k.renderer) or 32)
+    for m, n in ((8, 8), (8, 4), (4, 4)):
+        if outputs // (m * n) >= want:
+            break
+    return {"M": m, "N": n}
+
+
 def _leaving_warps(k: Kernel, which: str, amounts: tuple[int, ...]) -> tuple[int, ...]:
     """The register-tile `amounts` for M or N that leave `WARPS_AT_LEAST` warps along it (all of them when none
     does: the axis is too short for warps anyway)."""
@@ -123,8 +176,9 @@ zeros and its outputs are not stored) where that adds at most 1/PAD_WASTE of its
 halving, for which it does."""
 
 
-def _tile(k: Kernel) -> Kernel | None:
-    """`k` (no opts but PADTOs) with the default tiles applied and staged, or None when they don't fit."""
+def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
+    """`k` (no opts but PADTOs) with the default tiles applied and staged, or None when they don't fit; an FMA tile
+    takes at most `register_tile` (`fma_register_tile` of the unpadded kernel) outputs per thread along M and N."""
     r = k.renderer
     trial = k.copy()
     tiles = FMA_TILES
@@ -141,7 +195,10 @@ def _tile(k: Kernel) -> Kernel | None:
     # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return None
+    fewer = register_tile if trial.tensor_core is None else {}
     for which, amounts in tiles:
+        if which in fewer:
+            amounts = tuple(a for a in amounts if a <= fewer[which]) or amounts
         if which in ("M", "N"):
             amounts = _leaving_warps(trial, which, amounts)
         _apply_first(trial, which, amounts)
@@ -187,14 +244,18 @@ def tile_extents(k: Kernel) -> dict[str, int]:
     return out
 
 
-def _targets(k: Kernel) -> dict[str, int]:
+def _targets(k: Kernel, register_tile: dict[str, int]) -> dict[str, int]:
     """The tile extents (`tile_extents`) the default tile of `k` (staged by `_tile`) would have on axes that every
-    amount divides: 128x128x32 on tensor cores, 128x128x4 on FMA units."""
+    amount divides: 128x128x32 on tensor cores, 128x128x4 on FMA units (less with a smaller `register_tile`: padding
+    doesn't pay for the parallelism that asked for it)."""
     tiles = dict(TC_TILES if k.tensor_core is not None else FMA_TILES)
     n_dim, m_dim, k_dim = k.tensor_core.dims if k.tensor_core is not None else (1, 1, 1)
+    regs = {"M": max(tiles["M"]), "N": max(tiles["N"])}
+    if k.tensor_core is None:
+        regs = {w: min(regs[w], register_tile[w]) for w in regs}
     return {
-        "M": max(tiles["M"]) * max(tiles["LM"]) * m_dim,
-        "N": max(tiles["N"]) * max(tiles["LN"]) * n_dim,
+        "M": regs["M"] * max(tiles["LM"]) * m_dim,
+        "N": regs["N"] * max(tiles["LN"]) * n_dim,
         "K": max(tiles["K"]) * k_dim,
     }
 
@@ -267,7 +328,10 @@ def staged_matmul(k: Kernel) -> bool:
         return False
     if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
         return False
-    best = _tile(k)
+    k_in = k
+    k = without_padding_selects(k)
+    register_tile = fma_register_tile(k)
+    best = _tile(k, register_tile)
     have = tile_extents(best) if best is not None else {"M": 1, "N": 1, "K": 1}
     # the targets need the tensor core the tile got (its dims); without a tile, those of a first TC alone
     probe = best
@@ -277,14 +341,14 @@ def staged_matmul(k: Kernel) -> bool:
             probe.apply_opt(Opt(OptOps.TC, 0, (-1, 1)))
         except KernelOptError:
             probe = k
-    want = _targets(probe if probe is not None else k)
+    want = _targets(probe if probe is not None else k, register_tile)
     plans = [_paddings(k, have, want, loose) for loose in (False, True)] if any(have[w] < want[w] for w in want) else []
     cost = _cost(best, 1.0) if best is not None else None
     for pads in [p for n, p in enumerate(plans) if p and p not in plans[:n]]:
         padded = k.copy()
         try:
             padded.apply_opts(pads)
-            tiled = _tile(padded)
+            tiled = _tile(padded, register_tile)
         except KernelOptError:
             tiled = None
         work = math.prod(int(s) for s in padded.full_shape) / math.prod(int(s) for s in k.full_shape)
@@ -292,7 +356,7 @@ def staged_matmul(k: Kernel) -> bool:
             best, cost = tiled, _cost(tiled, work)
     if best is None:
         return False
-    k.__dict__.update(best.__dict__)
+    k_in.__dict__.update(best.__dict__)
     return True
 
 
