@@ -339,12 +339,20 @@ def _gemm_ast(dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int
     return UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (buffer, UOp(Ops.VIEW, arg=out), value)),))
 
 
+SPLIT_K_WARPS = 4
+"""A split reduction gives each compute unit at least this many warps, all workgroups together (a tensor-core tile of
+4 warps; a workgroup narrower than a warp still takes a whole one)."""
+
+
 @dataclass(frozen=True)
 class GemmLaunch:
-    """How the default opts launch a matmul-like kernel: `workgroups` of `threads` threads each."""
+    """How the default opts launch a matmul-like kernel: `workgroups` of `threads` threads each; a split of its
+    reduction (`split_k_parts`) gives each compute unit at least `warps_per_unit` warps in all (`SPLIT_K_WARPS` on
+    tensor cores, `tiling.FMA_WARPS_PER_UNIT` on FMA units)."""
 
     workgroups: int
     threads: int
+    warps_per_unit: int = SPLIT_K_WARPS
 
 
 def gemm_launch(
@@ -366,26 +374,24 @@ def _gemm_launch(
     # cached: a model's backward asks once per convolution layer, most of them alike (Renderers hash by identity).
     # The default opts, never a BEAM search: this kernel only stands for the real one's shape
     from lazygrad_codegen.heuristic import hand_coded_optimizations
+    from lazygrad_codegen.tiling import FMA_WARPS_PER_UNIT
 
     kernel = hand_coded_optimizations(Kernel(_gemm_ast(dtype, m, n, k), renderer))
-    return GemmLaunch(math.prod(int(s) for s in kernel.sizes(AxisType.GLOBAL)), kernel.workgroup_threads())
-
-
-SPLIT_K_WARPS = 4
-"""A split reduction gives each compute unit at least this many warps, all workgroups together (a tensor-core tile of
-4 warps; a workgroup narrower than a warp still takes a whole one)."""
+    # FMA tiles copy their operands synchronously: only other warps hide the latency of those copies
+    warps = FMA_WARPS_PER_UNIT if kernel.staged and kernel.tensor_core is None else SPLIT_K_WARPS
+    return GemmLaunch(math.prod(int(s) for s in kernel.sizes(AxisType.GLOBAL)), kernel.workgroup_threads(), warps)
 
 
 def split_k_parts(renderer: Renderer, launch: GemmLaunch, axis: int, length: int) -> int:
     """Into how many parts (a divisor of `axis`, the size of the reduced axis to cut) to cut a matmul-like reduction
     of `length` products per output whose unsplit kernel has `launch` (`gemm_launch`), so that a GPU with local
-    memory gets at least one workgroup per compute unit and `SPLIT_K_WARPS` warps per unit in all; 1 to leave it
+    memory gets at least one workgroup per compute unit and the launch's `warps_per_unit` in all; 1 to leave it
     whole (CPUs, enough work already, a reduction too short to share). The parts are summed by a second kernel."""
     units = renderer.compute_units
     if not (renderer.has_local and renderer.has_shared) or units < 2 or axis < 2:
         return 1
     warps = launch.workgroups * -(-launch.threads // (warp_size(renderer) or 32))
-    want = max(-(-units // max(launch.workgroups, 1)), -(-units * SPLIT_K_WARPS // max(warps, 1)))
+    want = max(-(-units // max(launch.workgroups, 1)), -(-units * launch.warps_per_unit // max(warps, 1)))
     if want < 2:
         return 1
     fits = [p for p in range(2, min(axis, SPLIT_K_MAX) + 1) if axis % p == 0 and length // p >= SPLIT_K_MIN]

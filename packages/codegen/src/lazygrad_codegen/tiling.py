@@ -195,14 +195,20 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return None
-    fewer = register_tile if trial.tensor_core is None else {}
-    for which, amounts in tiles:
-        if which in fewer:
-            amounts = tuple(a for a in amounts if a <= fewer[which]) or amounts
-        if which in ("M", "N"):
-            amounts = _leaving_warps(trial, which, amounts)
-        _apply_first(trial, which, amounts)
-    return _staged(trial)
+    # a smaller FMA register tile spreads a workgroup's tile over more threads, whose copies may then need more local
+    # memory than there is (a strided window's rows): the full register tile then
+    limits = [register_tile, {}] if trial.tensor_core is None and register_tile else [{}]
+    for fewer in limits:
+        tiled = trial.copy()
+        for which, amounts in tiles:
+            if which in fewer:
+                amounts = tuple(a for a in amounts if a <= fewer[which]) or amounts
+            if which in ("M", "N"):
+                amounts = _leaving_warps(tiled, which, amounts)
+            _apply_first(tiled, which, amounts)
+        if (staged := _staged(tiled)) is not None:
+            return staged
+    return None
 
 
 DEEP_STAGES = (4, 3)

@@ -8,6 +8,7 @@ dilation, take every stride-th row); a convolution is then a broadcast multiply 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -19,7 +20,7 @@ import numpy as np
 from lazygrad.errors import InputError, KindError
 from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
-from lazygrad_codegen.reductions import GemmLaunch, gemm_launch, split_k_parts
+from lazygrad_codegen.reductions import gemm_launch, split_k_parts
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -162,7 +163,7 @@ def _conv_weight_gradient(
         # symbolic batch or size is left whole)
         taps = tuple(v for v in (cin_g, *k) if v > 1)
         one = gemm_launch(renderer, g.dtype, (cout_g,), taps, tuple(v for v in (bs, *out) if v > 1))
-        parts = split_k_parts(renderer, GemmLaunch(groups * one.workgroups, one.threads), out[0], length)
+        parts = split_k_parts(renderer, dataclasses.replace(one, workgroups=groups * one.workgroups), out[0], length)
     # (parts, N, groups, C_out/groups, C_in/groups, rows of a part, *out[1:], *k), the product summed over N and pixels
     xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
     gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
