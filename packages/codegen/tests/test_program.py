@@ -50,6 +50,20 @@ def test_reduce_loop_structure_and_hoisting(k) -> None:
     assert uops[0].op is Ops.DEFINE_GLOBAL and uops[-1].op is Ops.SINK and uops[-1].arg == spec.name
 
 
+def test_a_load_used_after_the_reduction_follows_its_loop(k) -> None:
+    # the bias is read once the sum is done: loaded before the reduce loop it would be held in a register through it
+    # (a weight gradient fused with its optimizer step held 64 such values per thread: 155 registers instead of 89)
+    spec = get_program(_row_sum(k), CRenderer(), opts=[])
+    pos = {u: i for i, u in enumerate(spec.uops)}
+    inner = [u for u in spec.uops if u.op is Ops.RANGE][1]
+    end = next(u for u in spec.uops if u.op is Ops.END and u.src[0] is inner)
+    bias_load = next(u for u in spec.uops if u.op is Ops.LOAD and u.src[0].src[0].arg == 2)
+    assert pos[end] < pos[bias_load]
+    # what the loop needs still comes first: its accumulator
+    acc = next(u for u in spec.uops if u.op is Ops.DEFINE_ACC)
+    assert pos[acc] < pos[inner]
+
+
 def test_outer_loops_outermost_reduce_innermost(k) -> None:
     x = k.load(1, dtypes.float32, k.st(3, 4, 5, 6))
     spec = get_program(k.sink(k.store(0, k.reduce(x, Ops.MAX, (0, 2)), k.st(1, 4, 1, 6))), CRenderer(), opts=[])

@@ -14,7 +14,8 @@ element) and before the reduce loops it accumulates over, while an op that reads
 `ASSIGN` sits inside its accumulator's reduce loops, and an op that reads it runs after those loops END. Inside the
 loop, every op reading the accumulator itself runs before its ASSIGN (it reads the value before this step's update).
 
-Inside each loop, ops and inner loops are ordered by their dependencies, an op as early as it can go. The list
+Inside each loop, ops and inner loops are ordered by their dependencies, an op as early as it can go if an inner
+loop needs it, else after the inner loops (it would only hold registers through them). The list
 starts with the kernel's parameters (DEFINE_GLOBALs by slot, DEFINE_VARs by name), then its hardware indices
 (SPECIALs, by name) and local buffers (DEFINE_LOCALs), and ends with the SINK.
 """
@@ -182,6 +183,8 @@ def linearize(sink: UOp) -> list[UOp]:
                     order(u, reader)
 
     out: list[UOp] = list(params)
+    # what the loops' lengths are computed from: needed before the loops, though no op inside them uses it
+    bounds = {n for r in topo if r.op is Ops.RANGE for s in r.src for n in s.toposort}
 
     def emit(b: _Block) -> None:
         keys: dict[int, UOp | _Block] = {}
@@ -196,6 +199,20 @@ def linearize(sink: UOp) -> list[UOp]:
         for later, first in edges[id(b)]:
             deps[id(later)].add(id(first))
             users[id(first)].add(id(later))
+        if b.children:
+            # an op that no inner loop needs runs after the loops: a load of a value used only once the reduction is
+            # done (the weights an optimizer step updates, a residual added to a gradient) would otherwise be held in
+            # registers through the whole loop
+            feeds = {id(child) for child in b.children}
+            stack = list(feeds)
+            while stack:
+                for first in deps[stack.pop()]:
+                    if first not in feeds:
+                        feeds.add(first)
+                        stack.append(first)
+            for op in b.ops:
+                if id(op) not in feeds and op not in bounds:
+                    prio[id(op)] = (2, position[op])
         ready = [(prio[k], k) for k, d in deps.items() if not d]
         heapq.heapify(ready)
         done = 0
