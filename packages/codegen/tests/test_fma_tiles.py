@@ -53,27 +53,36 @@ def test_register_tile_is_the_largest_that_fills_the_units(m: int, n: int, units
     assert all(m * n // t < want for t in bigger)
 
 
-def _conv_of_padded_expression(x_np: np.ndarray, w_np: np.ndarray, **conv: int):
+def _conv_of_padded_expression(x_np: np.ndarray, w_np: np.ndarray, dtype, **conv: int):
     """conv2d of relu(x - mean(x) + 0.5) (not 0 at 0: the frontend pads it by a select, and it is stored by a kernel
-    of its own), its forward and gradients on the PYTHON device, and torch's in float64."""
+    of its own) in `dtype`, its forward and gradients on the PYTHON device, and torch's in float64 from the same
+    rounded inputs."""
     torch = pytest.importorskip("torch")
     from lazygrad import Tensor
 
-    x, w = Tensor(x_np, device="PYTHON").requires_grad_(), Tensor(w_np, device="PYTHON").requires_grad_()
+    x, w = (Tensor(v, device="PYTHON").cast(dtype) for v in (x_np, w_np))
+    x.requires_grad_()
+    w.requires_grad_()
     out = ((x - x.mean((0, 2, 3), keepdim=True)) + 0.5).relu().conv2d(w, **conv)
     g_np = RNG.standard_normal(out.shape).astype(np.float32)
-    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device="PYTHON"))
-    tx, tw = (torch.from_numpy(v).double().requires_grad_() for v in (x_np, w_np))
+    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device="PYTHON").cast(dtype))
+    tdt = torch.float32 if dtype == dtypes.float32 else torch.float16
+    tx, tw = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np))
     t_out = torch.nn.functional.conv2d((tx - tx.mean((0, 2, 3), keepdim=True) + 0.5).relu(), tw, **conv)
-    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), torch.from_numpy(g_np).double())
+    t_dx, t_dw = torch.autograd.grad(t_out, (tx, tw), torch.from_numpy(g_np).to(tdt).double())
     return (out, dx, dw), (t_out, t_dx, t_dw)
 
 
 @pytest.mark.parametrize(
-    ("shape", "conv"),
-    [((2, 16, 5, 5), {"padding": 1}), ((1, 16, 7, 7), {"padding": 1, "stride": 2})],
+    ("shape", "conv", "dtype"),
+    [
+        ((2, 16, 5, 5), {"padding": 1}, dtypes.float32),
+        ((1, 16, 7, 7), {"padding": 1, "stride": 2}, dtypes.float32),
+        # tensor cores: the select sits under the cast to the accumulator's float
+        ((2, 16, 5, 5), {"padding": 1}, dtypes.float16),
+    ],
 )
-def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv) -> None:
+def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv, dtype) -> None:
     pytest.importorskip("lazygrad")
     from lazygrad import Tensor, engine
     from lazygrad_uop.registry import Device
@@ -85,7 +94,7 @@ def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv) 
     try:
         x_np = RNG.standard_normal(shape).astype(np.float32)
         w_np = (RNG.standard_normal((16, shape[1], 3, 3)) * 0.3).astype(np.float32)
-        ours, torch_ = _conv_of_padded_expression(x_np, w_np, **conv)
+        ours, torch_ = _conv_of_padded_expression(x_np, w_np, dtype, **conv)
         # some matmul-like kernel reads the padded expression through its select, and is staged all the same
         selected = 0
         for si in Tensor.schedule(*ours):
@@ -96,9 +105,12 @@ def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv) 
                 selected += 1
                 assert k.staged and not any(u.op is Ops.WHERE for r in k.reduceops for u in r.src[0].toposort)
         assert selected >= 1
+        tol = 1e-4 if dtype == dtypes.float32 else 2e-2
         for got, want in zip(ours, torch_, strict=True):
             want_np = want.detach().numpy()
-            np.testing.assert_allclose(got.numpy(), want_np, rtol=1e-4, atol=1e-4 * np.abs(want_np).max())
+            np.testing.assert_allclose(
+                got.cast(dtypes.float32).numpy(), want_np, rtol=tol, atol=tol * np.abs(want_np).max()
+            )
     finally:
         dev.use_renderer(before)
         engine._runners.clear()
