@@ -22,8 +22,9 @@ gives 256 threads of 8x8 outputs each, again a 128x128 tile; a kernel with too f
 unit at 8x8 per thread takes 8x4 or 4x4 (`fma_register_tile`: the copies of FMA tiles are synchronous, only other
 warps hide them). Smaller kernels take the largest of each that divides their axes. An operand that is a padded
 expression stored by a kernel of its own, `WHERE(valid, LOAD, 0)` with `valid` the load's own validity, counts as the
-load, and the staged kernel drops the select (`without_padding_selects`). FMA tiles are the default only on renderers that declare warps (`warp_size`: CUDA, GPU targets of the
-PYTHON device), tensor-core tiles wherever a tensor core fits. Kernels too small for a tile (an M or N axis under 16,
+load, and the staged kernel drops the select (`without_padding_selects`). FMA tiles are the default only on
+renderers that declare warps (`warp_size`: CUDA, GPU targets of the PYTHON device), tensor-core tiles wherever a
+tensor core fits. Kernels too small for a tile (an M or N axis under 16,
 a reduction under 16) and kernels on which STAGE does not fit are left to the general heuristics.
 """
 
