@@ -118,31 +118,40 @@ def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv, 
 
 def test_padded_load_select_is_dropped_only_where_it_selects_the_loads_own_validity() -> None:
     # WHERE(valid, LOAD, 0) with `valid` the load's own mask: the same values as the load; with another mask (here
-    # the load is valid everywhere), the select stays
-    padded = st(4, 20).pad(((0, 0), (2, 2)))
-    a = load(1, dtypes.float32, padded.reshape((4, 1, 24)).expand((4, 16, 24)), size=80)
-    b = load(2, dtypes.float32, st(1, 16, 24).expand((4, 16, 24)))
+    # the load is valid everywhere), the select stays. The first is staged by default, and BEAM's staged tiles of the
+    # kernel with its select (`staged_tiles`: the select then runs on the staged values) compute the same
+    rows, cols, n = 64, 20, 64
+    padded = st(rows, cols).pad(((0, 0), (2, 2)))
+    full = (rows, n, cols + 4)
+    a = load(1, dtypes.float32, padded.reshape((rows, 1, cols + 4)).expand(full), size=rows * cols)
+    b = load(2, dtypes.float32, st(1, n, cols + 4).expand(full))
 
     def valid(view) -> UOp:
         return UOp(Ops.CONST, dtypes.bool, (UOp(Ops.VIEW, arg=view),), True)
 
-    zero = const(0.0, dtypes.float32, st(1, 1, 1).expand((4, 16, 24)))
-    mask = padded.reshape((4, 1, 24)).expand((4, 16, 24))
-    same = sink(store(0, reduce(valid(mask).where(a, zero) * b, Ops.ADD, (2,)), st(4, 16, 1)))
-    other_mask = st(4, 20).pad(((0, 0), (1, 3))).reshape((4, 1, 24)).expand((4, 16, 24))
-    other = sink(store(0, reduce(valid(other_mask).where(a, zero) * b, Ops.ADD, (2,)), st(4, 16, 1)))
+    zero = const(0.0, dtypes.float32, st(1, 1, 1).expand(full))
+    mask = padded.reshape((rows, 1, cols + 4)).expand(full)
+    same = sink(store(0, reduce(valid(mask).where(a, zero) * b, Ops.ADD, (2,)), st(rows, n, 1)))
+    other_mask = st(rows, cols).pad(((0, 0), (1, 3))).reshape((rows, 1, cols + 4)).expand(full)
+    other = sink(store(0, reduce(valid(other_mask).where(a, zero) * b, Ops.ADD, (2,)), st(rows, n, 1)))
     k_same, k_other = Kernel(same, TC_GPU), Kernel(other, TC_GPU)
     stripped = tiling.without_padding_selects(k_same)
     assert stripped is not k_same and not any(u.op is Ops.WHERE for u in stripped.ast.toposort)
     assert tiling.without_padding_selects(k_other) is k_other
-    # both compute the masked sum: numpy from the same inputs
-    x, y = RNG.standard_normal((4, 20)).astype(np.float32), RNG.standard_normal((16, 24)).astype(np.float32)
+    # numpy from the same inputs
+    x, y = RNG.standard_normal((rows, cols)).astype(np.float32), RNG.standard_normal((n, cols + 4)).astype(np.float32)
     xp = np.pad(x, ((0, 0), (2, 2)))
-    keep = np.zeros(24, bool)
-    keep[1:21] = True
-    for ast, ref in ((same, xp @ y.T), (other, (xp * keep) @ y.T)):
-        out, _ = run_python(ast, TC_GPU, None, {1: x, 2: y})
-        np.testing.assert_allclose(out[0].reshape(4, 16), ref, rtol=1e-5, atol=1e-5)
+    keep = np.zeros(cols + 4, bool)
+    keep[1 : cols + 1] = True
+    tiles = tiling.staged_tiles(k_same)
+    assert tiles and not tiling.staged_tiles(k_other)
+    for opts in (None, tiles[0].applied_opts, tiles[-1].applied_opts):
+        out, spec = run_python(same, TC_GPU, opts, {1: x, 2: y})
+        assert Opt(OptOps.STAGE) in spec.opts
+        np.testing.assert_allclose(out[0].reshape(rows, n), xp @ y.T, rtol=1e-5, atol=1e-5)
+    # the other select is no padded load: not staged, still right
+    out, _ = run_python(other, TC_GPU, None, {1: x, 2: y})
+    np.testing.assert_allclose(out[0].reshape(rows, n), (xp * keep) @ y.T, rtol=1e-5, atol=1e-5)
 
 
 def test_small_fp32_matmul_spreads_over_the_units() -> None:
