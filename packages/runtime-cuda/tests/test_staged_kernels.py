@@ -241,12 +241,6 @@ def test_split_k_counts_the_tiles_it_gets(monkeypatch, cuda_graphs, dtype, cin, 
     out = (size + 2 * (k // 2) - k) // stride + 1
     taps = tuple(v for v in (cin, k, k) if v > 1)
     predicted = gemm_launch(cuda_graphs, dtype, (cout,), taps, (64, out, out))
-    if dtype == dtypes.float32 and k == 7:
-        # the stem's strided windows need more local memory than the smaller FMA register tile chosen for
-        # parallelism leaves (`tiling.fma_register_tile`), which gemm_launch's plain operands don't: the real kernel
-        # keeps the full 8x8 tile, a quarter of the threads; gemm_launch counts at least as many warps
-        assert predicted.workgroups * predicted.threads >= math.prod(spec.global_size) * math.prod(spec.local_size)
-        return
     assert predicted.workgroups == math.prod(spec.global_size)
     assert predicted.threads == math.prod(spec.local_size)
 
