@@ -200,8 +200,8 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return None
     # a smaller FMA register tile spreads a workgroup's tile over more threads, whose copies may then need more local
-    # memory than there is (a strided window's rows, as in the 7x7 stem's weight gradient): the full register tile
-    # then (a shorter reduction step instead made that kernel load 8 times more per FLOP)
+    # memory than there is (a strided window's rows): the full register tile then (a shorter reduction step instead
+    # made the 7x7 stem's weight gradient load 8 times more per FLOP)
     limits = [register_tile, {}] if trial.tensor_core is None and register_tile else [{}]
     for fewer in limits:
         tiled = trial.copy()
