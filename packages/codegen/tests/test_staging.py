@@ -222,7 +222,8 @@ def test_deep_pipelines_match_numpy_on_random_shapes(batch, m, n, k, dtype, stag
     assert {int(u.arg or 0) for u in spec.uops if u.op is Ops.ASYNC_WAIT} == {stages - 2}
 
 
-def test_deep_pipelines_need_asynchronous_copies() -> None:
+def test_deep_pipelines_need_asynchronous_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tiling, "DEEP_STAGES", (4, 3))  # the default tile's deep pipelines, where asked for
     # a convolution's window can't be copied in whole aligned vectors: its copies are synchronous, so more than two
     # slots would only take shared memory; STAGE refuses 3 and 4 stages and the default keeps 2
     case = conv(2, 16, 16, 8, dtypes.float16)
@@ -234,6 +235,9 @@ def test_deep_pipelines_need_asynchronous_copies() -> None:
     # a matmul of whole 16-byte rows is pipelined over the most stages that fit
     mm = _staged_run(bmm(1, 64, 64, 128, dtypes.float16), LDMATRIX_GPU, None)
     assert mm.opts[-1] == Opt(OptOps.STAGE, None, 4) and Ops.ASYNC_COPY in _ops(mm)
+    monkeypatch.setattr(tiling, "DEEP_STAGES", ())  # the default: two stages
+    mm = _staged_run(bmm(1, 64, 64, 128, dtypes.float16), LDMATRIX_GPU, None)
+    assert mm.opts[-1] == Opt(OptOps.STAGE) and Ops.ASYNC_COPY in _ops(mm)
 
 
 # *** ldmatrix ***

@@ -259,13 +259,14 @@ def test_three_stage_pipeline_compiles_without_spills() -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_default_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch: str) -> None:
+def test_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch: str) -> None:
     from lazygrad_codegen.kernel_ast import matmul
     from lazygrad_cuda.compiler import dynamic_shared
 
     renderer = CUDARenderer(arch, TENSOR_CORES[arch])
-    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer)
-    assert spec.opts[-1] == Opt(OptOps.STAGE, None, 4), spec.opts
+    default = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer).opts
+    assert default[-1] == Opt(OptOps.STAGE), default  # two stages by default (tiling.DEEP_STAGES)
+    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*default[:-1], Opt(OptOps.STAGE, None, 4)])
     # four slots per operand: 128 rows of A by 32 of K (rows padded by 8 halves), 32 rows of B by 128 of N (+8)
     want = 4 * (128 * (32 + 8) + 32 * (128 + 8)) * 2
     assert sum(u.dtype.size * u.dtype.base.itemsize for u in spec.uops if u.op is Ops.DEFINE_LOCAL) == want
@@ -303,9 +304,11 @@ def test_shared_memory_limits_are_each_architectures_opt_in_maximum() -> None:
     assert kb == {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_52": 48}
 
 
-def test_default_takes_the_deepest_pipeline_that_fits_the_shared_memory() -> None:
+def test_default_takes_the_deepest_pipeline_that_fits_the_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazygrad_codegen import tiling
     from lazygrad_codegen.kernel_ast import matmul
 
+    monkeypatch.setattr(tiling, "DEEP_STAGES", (4, 3))  # where deep pipelines are asked for
     # a stage of the default 128x128 tile at K step 32 is 128 x (32 + 8) + 32 x (128 + 8) halves, 18.9 KB: every
     # architecture from sm_80 on holds four; a GPU with less shared memory gets as many as fit, two at least
     stage = (128 * (32 + 8) + 32 * (128 + 8)) * 2

@@ -13,7 +13,7 @@ offers such a core):
 
 gives 8 warps of 64x32 outputs each, a 128x128 workgroup tile and 32 elements of the reduction per step; each element
 loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). Where the copies are asynchronous
-(CUDA sm_80+) STAGE pipelines them over the most stages that fit the shared memory, up to four (`DEEP_STAGES`).
+(CUDA sm_80+) STAGE pipelines them over two stages (deeper ones, up to four, where `DEEP_STAGES` asks).
 On FMA units:
 
     UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
@@ -151,19 +151,29 @@ tile allows: its copies into local memory are synchronous, so a unit hides their
 7x7 convolution with 512 channels makes 3136x512 outputs: 8x8 per thread leaves six warps per H100 multiprocessor)."""
 
 
+FMA_MIN_THREADS_PER_UNIT = 48
+"""Where no register tile gives every compute unit `FMA_WARPS_PER_UNIT` warps, the largest that gives it this many
+threads (a warp and a half). Measured on an H100: ResNet-18's stem weight gradient ran in 2.0 ms at 8x8 (62
+threads per unit) and 9.9 ms at 4x4 (250), which also loads 4.5x the bytes per FLOP; its 512x256 1x1 weight
+gradient in 0.83 ms at 8x8 (16 threads per unit) and 0.53 ms at 4x4 (62)."""
+
+
 def fma_register_tile(k: Kernel) -> dict[str, int]:
     """The largest register tile (M x N outputs per thread, at most 8x8) of an FMA kernel `k` that leaves its threads,
-    one per tile of the output, at least `FMA_WARPS_PER_UNIT` warps per compute unit of its renderer; 4x4 when none
-    does. The outputs count every output axis (a split reduction's parts, a batch of matmuls)."""
+    one per tile of the output, at least `FMA_WARPS_PER_UNIT` warps per compute unit of its renderer; where none
+    does, the largest that leaves `FMA_MIN_THREADS_PER_UNIT` threads (a smaller tile costs reuse), else 4x4. The
+    outputs count every output axis (a split reduction's parts, a batch of matmuls)."""
     outputs = 1
     for a in k.axes(AxisType.GLOBAL):
         size = k.full_shape[a]
         outputs *= size if isinstance(size, int) else 1 << 20
-    want = max(1, k.renderer.compute_units) * FMA_WARPS_PER_UNIT * (warp_size(k.renderer) or 32)
-    for m, n in ((8, 8), (8, 4), (4, 4)):
-        if outputs // (m * n) >= want:
-            break
-    return {"M": m, "N": n}
+    units = max(1, k.renderer.compute_units)
+    tiles = ((8, 8), (8, 4), (4, 4))
+    for want in (units * FMA_WARPS_PER_UNIT * (warp_size(k.renderer) or 32), units * FMA_MIN_THREADS_PER_UNIT):
+        for m, n in tiles:
+            if outputs // (m * n) >= want:
+                return {"M": m, "N": n}
+    return {"M": 4, "N": 4}
 
 
 def _leaving_warps(k: Kernel, which: str, amounts: tuple[int, ...]) -> tuple[int, ...]:
@@ -216,10 +226,12 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     return None
 
 
-DEEP_STAGES = (4, 3)
-"""Pipeline stages the default tensor-core tile takes where the renderer copies asynchronously, deepest first: the
-first whose buffers fit its shared memory (two otherwise). A step's math (a 128x128x32 tile: about 140 ns on an
-H100's tensor cores) is far shorter than a copy's latency from L2 or HBM, so two stages leave the math waiting."""
+DEEP_STAGES: tuple[int, ...] = ()
+"""Pipeline stages the default tensor-core tile tries first where the renderer copies asynchronously, deepest first:
+the first whose buffers fit its shared memory (STAGE's two otherwise). None by default: on an H100 the default fp16
+4096^3 tile ran at 274 TFLOPS with two stages and 233 with four (75.8 KB of dynamic shared memory, two blocks per
+multiprocessor either way; 8192^3: 286 and 246), so deeper pipelines are left to BEAM (`staged_tiles` tries 1 to 4)
+and to explicit opts until a tile that gains from them is measured."""
 
 
 def _staged(k: Kernel) -> Kernel | None:
