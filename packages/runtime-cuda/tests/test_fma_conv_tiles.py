@@ -13,25 +13,10 @@ from lazygrad_codegen import Kernel, Opt, OptOps, get_program, tiling
 from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.memory_traffic import global_load_bytes
 from lazygrad_cuda.compiler import ptxas_usage
-from lazygrad_cuda.renderer import CUDARenderer
-from lazygrad_cuda.tensor_cores import TENSOR_CORES
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 
 lazygrad = pytest.importorskip("lazygrad", reason="builds kernels from Tensor graphs: needs the lazygrad frontend")
-
-
-@pytest.fixture
-def cuda_graphs():
-    """The PYTHON device rendering for CUDA while a test builds and schedules its graphs (nothing runs)."""
-    from lazygrad_uop.registry import Device
-
-    dev = Device["PYTHON"]
-    before = dev.renderer
-    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
-    dev.use_renderer(renderer)
-    yield renderer
-    dev.use_renderer(before)
 
 
 def _matmul_like(ast) -> bool:

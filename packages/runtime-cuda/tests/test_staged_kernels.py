@@ -110,20 +110,6 @@ def test_ldmatrix_starts_at_turing() -> None:
     assert not CUDARenderer("sm_70").has_ldmatrix
 
 
-@pytest.fixture
-def cuda_graphs():
-    """Tensor graphs built for CUDA (sm_80, 132 multiprocessors as on an H100) without a GPU: the PYTHON device
-    renders for CUDA while a test builds and schedules them (nothing runs)."""
-    from lazygrad_uop.registry import Device
-
-    dev = Device["PYTHON"]
-    before = dev.renderer
-    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
-    dev.use_renderer(renderer)
-    yield renderer
-    dev.use_renderer(before)
-
-
 def _spills(spec) -> list[str]:
     """The archs of sm_80 and sm_90 for which ptxas reports register spills in `spec`."""
     return [arch for arch in ("sm_80", "sm_90") if ptxas_usage(spec.src, arch, spec.name).spills]
