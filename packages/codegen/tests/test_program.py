@@ -11,7 +11,7 @@ from lazygrad_codegen import CRenderer, KernelASTError, LLVMRenderer, get_progra
 from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
-from lazygrad_uop.uop import UOp
+from lazygrad_uop.uop import UOp, eval_uop
 
 
 class HostLLVM(LLVMRenderer):
@@ -212,3 +212,20 @@ def test_llvm_ir_parses_for_every_dtype(k) -> None:
         value = x.maximum(x) if not dtypes.is_bool(dt) else x | x
         ast = k.sink(k.store(0, value, st), k.store(2, x.cast(dtypes.float32), st), k.store(3, x < x, st))
         llvm.parse_assembly(get_program(ast, HostLLVM()).src).verify()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_symbolic_estimates_are_folded_and_equal_the_concrete_ones(k, rows: int) -> None:
+    # a kernel over a variable number of columns: its estimates are one small expression (a jitted replay evaluates
+    # them at every launch), equal for each value to the estimates of the same kernel compiled for that size
+    def kernel(cols):
+        # four ALU ops per element in the loop (x*x + x*3 summed), one per row after it
+        x = k.load(1, dtypes.float32, k.st(rows, cols))
+        bias = k.load(2, dtypes.float32, k.st(rows, 1))
+        return k.sink(k.store(0, k.reduce(x * x + x * 3.0, Ops.ADD, (1,)) + bias, k.st(rows, 1)))
+
+    n = UOp.variable("n", 1, 300)
+    ops = get_program(kernel(n), CRenderer(), []).estimates.ops
+    assert isinstance(ops, UOp) and len(ops.toposort) <= 6, ops.render()
+    for value in (2, 17, 300):  # unoptimized on both sides: the same loops (a length-1 axis would fold away)
+        assert eval_uop(ops, {n: value}) == get_program(kernel(value), CRenderer(), []).estimates.ops

@@ -252,6 +252,22 @@ class _GraphStep:
 
     def __init__(self, graph: GraphRunner, items: list[tuple[int, ExecItem]]) -> None:
         self.graph, self.items = graph, items
+        self.fixed: tuple[int, int] | None = None
+        self.varying: list[ExecItem] = []
+
+    def cost(self, var_vals: dict[UOp, int], var_items: set[int]) -> tuple[int, int]:
+        """(ALU operations, bytes moved) of one replay of the step with `var_vals`: the items that take no replay
+        variable are summed once (their estimates can't change), the others each call. A decoding step of GPT-2
+        replays 303 kernels of which about 75 take the position."""
+        if self.fixed is None:
+            fixed = [ei.cost(ei.var_vals) for i, ei in self.items if i not in var_items]
+            self.fixed = (sum(c[0] for c in fixed), sum(c[1] for c in fixed))
+            self.varying = [ei for i, ei in self.items if i in var_items]
+        ops, mem = self.fixed
+        for ei in self.varying:
+            o, m = ei.cost({**ei.var_vals, **var_vals})
+            ops, mem = ops + o, mem + m
+        return ops, mem
 
 
 class _Result:
@@ -473,8 +489,7 @@ class CapturedJit:
             if updates:
                 step.graph.update(updates)
             elapsed = step.graph(wait=wait)
-            costs = [ei.cost({**ei.var_vals, **var_vals}) for _, ei in step.items]
-            GlobalCounters.add(len(costs), sum(c[0] for c in costs), sum(c[1] for c in costs), elapsed)
+            GlobalCounters.add(len(step.items), *step.cost(var_vals, self.var_items), elapsed)
             if wait and elapsed is not None:
                 report_graph(type(step.graph).__name__, step.graph.device.device, len(step.items), elapsed)
 
