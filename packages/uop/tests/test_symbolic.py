@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lazygrad_uop import Ops, PatternMatcher, UOp, UPat, dtypes, graph_rewrite
 from lazygrad_uop.symbolic import order_key, simplify, sym_infer, symbolic
-from lazygrad_uop.uop import eval_uop
+from lazygrad_uop.uop import eval_uop, int_evaluator
 
 # *** random expressions ***
 #
@@ -564,3 +564,29 @@ def test_sym_infer() -> None:
 def test_order_key() -> None:
     assert order_key(x) < order_key(r) < order_key(x + y) < order_key(c32(-5))
     assert order_key(x) == order_key(UOp.variable("x", 0, 100))
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_compiled_evaluator_equals_eval_uop(case: tuple[Env, UOp, int]) -> None:
+    """int_evaluator's compiled function gives eval_uop's value (Python ints, C division, wrapping) at every point,
+    also for the expression after simplification, and is built once per expression."""
+    env, expr, seed = case
+    for e in (expr, simplify(expr)):
+        fn = int_evaluator(e)
+        assert int_evaluator(e) is fn
+        for pt in _points(env, e, seed):
+            assert fn(pt) == eval_uop(e, pt), e.render()
+
+
+def test_compiled_evaluator_errors_and_node_values_as_eval_uop() -> None:
+    a, b = UOp.variable("a", -50, 50), UOp.variable("b", 1, 9)
+    expr = (a * 3 + b) // b % 7 - (a < b).where(a, b)
+    with pytest.raises(KeyError, match="b"):
+        int_evaluator(expr)({a: 3})
+    inner = a * 3 + b
+    assert int_evaluator(expr)({a: 3, b: 2, inner: 100}) == eval_uop(expr, {a: 3, b: 2, inner: 100})
+    big = UOp.variable("n", 0, 2**31 - 1) * 4  # wraps as an int32, as eval_uop does
+    assert int_evaluator(big)({big.src[0]: 2**30}) == eval_uop(big, {big.src[0]: 2**30}) == 0
+    bound = (a + 1).substitute({a: a.bind(5)})
+    assert int_evaluator(bound)({}) == eval_uop(bound, {}) == 6

@@ -31,7 +31,7 @@ from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Allocator, Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device, DeviceName, shares_host_memory
-from lazygrad_uop.uop import UOp, eval_uop, sint
+from lazygrad_uop.uop import UOp, int_evaluator, sint
 
 if TYPE_CHECKING:
     from lazygrad.tensor import Tensor
@@ -42,7 +42,7 @@ def sym_infer(x: sint, var_vals: Mapping[UOp, int]) -> int:
     if isinstance(x, int):
         return x
     try:
-        return int(eval_uop(x, dict(var_vals)))
+        return int(int_evaluator(x)(var_vals if isinstance(var_vals, dict) else dict(var_vals)))
     except KeyError as exc:
         raise InputError(f"no value for a variable of {x.render()}: bind it (Variable(...).bind(value))") from exc
 

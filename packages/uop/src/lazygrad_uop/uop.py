@@ -812,6 +812,72 @@ _EVAL: dict[Ops, Callable[..., Any]] = {
 }
 
 
+def int_evaluator(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
+    """`eval_uop(u, env)` as a function of `env` compiled once per expression (cached): the same values, wrapping
+    and errors (KeyError for a variable without a value), for an expression whose nodes are all scalar integers and
+    bools; other expressions get `eval_uop` itself. A jitted replay evaluates its kernels' launch sizes and cost
+    estimates this way for every call."""
+    if (fn := _EVALUATORS.get(u)) is None:
+        fn = _EVALUATORS[u] = _compile_int(u)
+    return fn
+
+
+_EVALUATORS: weakref.WeakKeyDictionary[UOp, Callable[[dict[UOp, int]], ConstType]] = weakref.WeakKeyDictionary()
+
+
+def _compile_int(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
+    nodes = u.toposort
+    plain = all(
+        n.dtype.count == 1 and (dtypes.is_int(n.dtype) or n.dtype == dtypes.bool) and (n.op in _EVAL or n.op in _LEAVES)
+        for n in nodes
+    )
+    if not plain:
+        return lambda env: eval_uop(u, env)
+    binds = {b.src[0]: b.src[1].arg for b in nodes if b.op is Ops.BIND}
+    slot = {n: i for i, n in enumerate(nodes)}
+    names: dict[str, Any] = {"binds": binds}
+    lines = ["def run(env):"]
+    for i, n in enumerate(nodes):
+        args = ", ".join(f"v{slot[x]}" for x in n.src)
+        if n.op is Ops.CONST:
+            names[f"c{i}"] = n.arg
+            expr = f"c{i}"
+        elif n.op is Ops.BIND:
+            expr = f"v{slot[n.src[1]]}"
+        elif n.op in (Ops.DEFINE_VAR, Ops.RANGE, Ops.SPECIAL):
+            # a value from env, else from a BIND of the variable in the expression, as eval_uop gives it
+            names[f"n{i}"] = n
+            expr = f"env[n{i}] if n{i} in env else binds[n{i}]"
+        else:
+            names[f"f{i}"] = _EVAL[n.op]
+            if n.dtype == dtypes.bool:
+                expr = f"bool(f{i}({args}))"
+            else:
+                bits = 8 * n.dtype.itemsize
+                top = 1 << (bits - 1)
+                # dtypes.as_const's wrap: the low `bits` bits, signed where the type is
+                wrap = f"(f{i}({args}) & {(1 << bits) - 1})"
+                expr = wrap if dtypes.is_unsigned(n.dtype) else f"(({wrap} ^ {top}) - {top})"
+        lines.append(f"    v{i} = {expr}")
+    lines.append(f"    return v{slot[u]}")
+    # the source is built above from the expression's own nodes: constants and functions come in by name
+    exec("\n".join(lines), names)
+    run = names["run"]
+    inner = frozenset(n for n in nodes if n.op not in _LEAVES)
+
+    def evaluate(env: dict[UOp, int]) -> ConstType:
+        if not inner.isdisjoint(env):
+            return eval_uop(u, env)  # a value given for a node inside the expression: eval_uop takes it as is
+        try:
+            return run(env)
+        except KeyError:
+            return eval_uop(u, env)  # eval_uop's own error, naming the variable
+
+    return evaluate
+
+
+_LEAVES = (Ops.CONST, Ops.BIND, Ops.DEFINE_VAR, Ops.RANGE, Ops.SPECIAL)
+
 # *** printing ***
 
 _INFIX = {
