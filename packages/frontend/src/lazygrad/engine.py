@@ -42,7 +42,7 @@ def sym_infer(x: sint, var_vals: Mapping[UOp, int]) -> int:
     if isinstance(x, int):
         return x
     try:
-        return int(int_evaluator(x)(var_vals if isinstance(var_vals, dict) else dict(var_vals)))
+        return int(int_evaluator(x)(var_vals))
     except KeyError as exc:
         raise InputError(f"no value for a variable of {x.render()}: bind it (Variable(...).bind(value))") from exc
 

@@ -38,10 +38,15 @@ def _tuple(x: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     return t
 
 
+def _window_counts(ins: Sequence[int], k: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> list[int]:
+    """Per windowed dim of length `ins`, how many windows of `k` elements `dilation` apart fit at `stride`."""
+    return [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+
+
 def _pool_reach(ins: Sequence[int], k: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> list[int]:
     """Per windowed dim, the length `Tensor._pool_offsets` cuts into rows: (out + (k-1)*dil // stride) * stride, at
     least the input's."""
-    outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+    outs = _window_counts(ins, k, stride, dilation)
     return [max(n, (o + (kk - 1) * d // s) * s) for n, kk, s, d, o in zip(ins, k, stride, dilation, outs)]
 
 
@@ -200,7 +205,7 @@ class FunctionalMixin:
         """The windows of the last len(k) dims as a view of shape (..., *out, *k): out[o][w] = x[o*stride + w*dil]."""
         nd = len(k)
         lead, ins = self.shape[:-nd], self.shape[-nd:]
-        outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+        outs = _window_counts(ins, k, stride, dilation)
         if any(o <= 0 for o in outs):
             raise InputError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
         keep = tuple((0, d) for d in lead)
@@ -244,7 +249,7 @@ class FunctionalMixin:
         pad of it)."""
         nd = len(k)
         lead, ins = self.shape[:-nd], self.shape[-nd:]
-        outs = [(n - d * (kk - 1) - 1) // s + 1 for n, kk, s, d in zip(ins, k, stride, dilation)]
+        outs = _window_counts(ins, k, stride, dilation)
         if any(o <= 0 for o in outs):
             raise InputError(f"kernel {k} (dilation {dilation}) is larger than the (padded) input {ins}")
         reach = _pool_reach(ins, k, stride, dilation)

@@ -7,7 +7,7 @@ import math
 import struct
 import weakref
 from _weakref import _remove_dead_weakref
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Any, Union
 
 from lazygrad_uop.dtype import ConstType, DType, dtypes
@@ -755,7 +755,7 @@ def _bounds(u: UOp) -> Bounds:
 # *** evaluation: the meaning of an integer expression, in Python ints ***
 
 
-def eval_uop(u: UOp, env: dict[UOp, int] | None = None) -> ConstType:
+def eval_uop(u: UOp, env: Mapping[UOp, int] | None = None) -> ConstType:
     """The value of a scalar expression with the variables of `env` substituted, with C semantics for // and %."""
     # a BIND gives its variable a value, also where the variable appears bare; `env` overrides that
     env = {**{b.src[0]: b.src[1].arg for b in u.toposort if b.op is Ops.BIND}, **(env or {})}
@@ -812,7 +812,7 @@ _EVAL: dict[Ops, Callable[..., Any]] = {
 }
 
 
-def int_evaluator(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
+def int_evaluator(u: UOp) -> Callable[[Mapping[UOp, int]], ConstType]:
     """`eval_uop(u, env)` as a function of `env` compiled once per expression (cached): the same values, wrapping
     and errors (KeyError for a variable without a value), for an expression whose nodes are all scalar integers and
     bools; other expressions get `eval_uop` itself. A jitted replay evaluates its kernels' launch sizes and cost
@@ -822,10 +822,10 @@ def int_evaluator(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
     return fn
 
 
-_EVALUATORS: weakref.WeakKeyDictionary[UOp, Callable[[dict[UOp, int]], ConstType]] = weakref.WeakKeyDictionary()
+_EVALUATORS: weakref.WeakKeyDictionary[UOp, Callable[[Mapping[UOp, int]], ConstType]] = weakref.WeakKeyDictionary()
 
 
-def _compile_int(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
+def _compile_int(u: UOp) -> Callable[[Mapping[UOp, int]], ConstType]:
     nodes = u.toposort
     plain = all(
         n.dtype.count == 1 and (dtypes.is_int(n.dtype) or n.dtype == dtypes.bool) and (n.op in _EVAL or n.op in _LEAVES)
@@ -865,7 +865,7 @@ def _compile_int(u: UOp) -> Callable[[dict[UOp, int]], ConstType]:
     run = names["run"]
     inner = frozenset(n for n in nodes if n.op not in _LEAVES)
 
-    def evaluate(env: dict[UOp, int]) -> ConstType:
+    def evaluate(env: Mapping[UOp, int]) -> ConstType:
         if not inner.isdisjoint(env):
             return eval_uop(u, env)  # a value given for a node inside the expression: eval_uop takes it as is
         try:
