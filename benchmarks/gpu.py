@@ -26,9 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from gpu_matmul import kernel_seconds
 
 from lazygrad import Tensor, TinyJit, dtypes
-from lazygrad.engine import lower_schedule_item
 from lazygrad_uop.registry import Device
 
 TARGETS = {"matmul": 0.50, "elementwise": 0.85}
@@ -48,20 +48,12 @@ def bench(fn: Callable[[], object], sync: Callable[[], None], runs: int = 5) -> 
     return statistics.median(times)
 
 
-def kernel_seconds(t: Tensor, runs: int = 5) -> float:
-    """Median GPU time of the kernels that compute `t` (unrealized) from its realized inputs, after a warm-up run."""
-    items = [lower_schedule_item(si) for si in t.schedule()]
-    for ei in items:
-        ei.run()
-    return statistics.median(sum(ei.run(wait=True) or 0.0 for ei in items) for _ in range(runs))
-
-
 def measures(build: Callable[..., Tensor], inputs: tuple[Tensor, ...], sync: Callable[[], None]) -> dict[str, float]:
     """The three lazygrad times of `build(*inputs)` (see the module docstring): jit call, kernel, realize."""
     jitted = TinyJit(lambda *xs: build(*xs).realize())
     return {
         "jit": bench(lambda: jitted(*inputs), sync, runs=7),
-        "kernel": kernel_seconds(build(*inputs)),
+        "kernel": kernel_seconds(build(*inputs), 5),
         "realize": bench(lambda: build(*inputs).realize(), sync),
     }
 
