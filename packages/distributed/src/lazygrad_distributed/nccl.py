@@ -149,14 +149,14 @@ class NCCLProcessGroup(ProcessGroup):
         self.cuda.activate()
         self.comm = ctypes.c_void_p()
         result = self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world_size, uid, self.rank)
+        what = "ncclCommInitRank"
         if result in (NCCL_SYSTEM_ERROR, NCCL_REMOTE_ERROR):
             iface = os.environ.get("NCCL_SOCKET_IFNAME", "the one NCCL picked")
-            self.nccl.check(
-                result,
-                f"ncclCommInitRank (its ranks connect over TCP on {iface}: name an interface that reaches every rank "
-                "in NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows what it tried)",
+            what += (
+                f" (its ranks connect over TCP on {iface}: name an interface that reaches every rank in "
+                "NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows what it tried)"
             )
-        self.nccl.check(result, "ncclCommInitRank")
+        self.nccl.check(result, what)
 
     def _stream(self) -> int:
         return int(self.cuda.stream)
