@@ -21,7 +21,7 @@ def lib() -> nccl.NCCLLibrary:
     try:
         return nccl.load_nccl()
     except nccl.NCCLUnavailableError as exc:
-        pytest.skip(f"NCCL not installed here (`pip install nvidia-nccl-cu12`): {exc}")
+        pytest.skip(f"NCCL not installed here (`pip install nvidia-nccl-cu13`): {exc}")
 
 
 def test_library_loads_and_reports_its_version(lib: nccl.NCCLLibrary) -> None:
@@ -35,9 +35,22 @@ def test_library_loads_and_reports_its_version(lib: nccl.NCCLLibrary) -> None:
 
 def test_unique_ids_differ_and_errors_have_nccl_text(lib: nccl.NCCLLibrary) -> None:
     a, b = lib.unique_id(), lib.unique_id()
-    assert bytes(a.internal) != bytes(b.internal)
+    assert a.raw() != b.raw()
     with pytest.raises(nccl.NCCLError, match=r"invalid argument|ncclResult 4"):
         lib.check(4, "ncclAllReduce")
+
+
+def test_unique_id_travels_between_ranks_whole(lib: nccl.NCCLLibrary) -> None:
+    # an id holds zero bytes (its socket address follows the magic number), so the bytes rank 0 sends must be all 128,
+    # not the C string the `internal` field reads as, or the other ranks connect to 0.0.0.0
+    uid = lib.unique_id()
+    raw = uid.raw()
+    assert len(raw) == 128 and 0 in raw
+    assert ctypes.string_at(ctypes.addressof(uid), 128) == raw
+    got = nccl.NcclUniqueId.of(raw)
+    assert ctypes.string_at(ctypes.addressof(got), 128) == raw
+    with pytest.raises(nccl.NCCLError, match="128 bytes; got 10"):
+        nccl.NcclUniqueId.of(raw[:10])
 
 
 def test_dtype_numbers_follow_nccl_h() -> None:

@@ -1,6 +1,6 @@
 """`NCCLProcessGroup`: the collectives over NCCL for tensors on CUDA devices, GPU memory to GPU memory.
 
-NCCL is loaded with ctypes from the `nvidia-nccl-cu12` wheel (`pip install lazygrad-distributed[nccl]`) or from the
+NCCL is loaded with ctypes from the `nvidia-nccl-cu13` wheel (`pip install lazygrad-distributed[nccl]`) or from the
 system's libnccl.so.2. Its ranks find each other through a 128-byte id that rank 0 makes and MPI broadcasts, so
 NCCL ranks are launched as MPI ranks: `mpirun -n N python train.py`, each rank on GPU `CUDA:<local rank>`.
 """
@@ -53,6 +53,18 @@ class NcclUniqueId(ctypes.Structure):
 
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
+    def raw(self) -> bytes:
+        """All of the id's bytes. (The `internal` field reads as a C string, cut at its first zero byte, and an id
+        holds zeros: a socket address follows its magic number.)"""
+        return bytes(self)
+
+    @classmethod
+    def of(cls, raw: bytes) -> NcclUniqueId:
+        """The id whose bytes are `raw` (what `raw()` gave on the rank that made it)."""
+        if len(raw) != UNIQUE_ID_BYTES:
+            raise NCCLError(f"an ncclUniqueId is {UNIQUE_ID_BYTES} bytes; got {len(raw)}: pass what raw() returned")
+        return cls.from_buffer_copy(raw)
+
 
 def library_path() -> str:
     """Where libnccl.so.2 is: in the nvidia-nccl wheel if it is installed, else where the system keeps it."""
@@ -64,7 +76,7 @@ def library_path() -> str:
     found = ctypes.util.find_library("nccl")
     if found is None:
         raise NCCLUnavailableError(
-            "NCCL is not installed: `pip install lazygrad-distributed[nccl]` (the nvidia-nccl-cu12 wheel) or install "
+            "NCCL is not installed: `pip install lazygrad-distributed[nccl]` (the nvidia-nccl-cu13 wheel) or install "
             "the system's libnccl2"
         )
     return found
@@ -143,9 +155,7 @@ class NCCLProcessGroup(ProcessGroup):
         self.device = Device.canonicalize(device or f"CUDA:{here.Get_rank()}")
         self.cuda = Device[self.device]  # raises DeviceUnavailableError without a GPU, before NCCL is touched
         bootstrap_on_loopback(here.Get_size() == self.world_size)
-        uid = self.nccl.unique_id() if self.rank == 0 else NcclUniqueId()
-        raw = self.mpi.comm.bcast(bytes(uid.internal) if self.rank == 0 else None, root=0)
-        ctypes.memmove(ctypes.addressof(uid), raw, UNIQUE_ID_BYTES)
+        uid = NcclUniqueId.of(self.mpi.comm.bcast(self.nccl.unique_id().raw() if self.rank == 0 else None, root=0))
         self.cuda.activate()
         self.comm = ctypes.c_void_p()
         result = self.nccl.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world_size, uid, self.rank)
