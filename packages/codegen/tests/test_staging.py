@@ -147,12 +147,13 @@ def test_default_tensor_core_tiles_are_staged(dtype: DType, shape: tuple[int, in
     assert first.op is OptOps.TC and spec.local_size[0] == 32
 
 
-def test_full_size_default_is_eight_warps_on_a_128x128_tile() -> None:
+def test_full_size_default_is_four_warps_on_a_128x128_tile() -> None:
     k = hand_coded_optimizations(Kernel(bmm_ast(1, 4096, 4096, 4096, dtypes.float16), TC_GPU))
-    assert k.staged and k.workgroup_threads() == 256
-    # A's tile is 128 rows of M by 32 of K, B's 32 of K by 128 of N: a 128x128 output tile per workgroup
+    assert k.staged and k.workgroup_threads() == 128
+    # A's tile is 128 rows of M by 16 of K, B's 16 of K by 128 of N: a 128x128 output tile per workgroup, 64x64 per warp
     a, b = plan(k)
-    assert (a.tile, b.tile) == (128 * 32, 32 * 128)
+    assert (a.tile, b.tile) == (128 * 16, 16 * 128)
+    assert k.lanes(AxisType.UPCAST) == 32
     assert (a.vector, b.vector) == (8, 8)  # 128-bit copies
 
 
@@ -333,18 +334,18 @@ def test_staged_tiles_vary_warps_register_tile_k_step_and_stages() -> None:
     # every one fits the renderer's shared memory and threads: STAGE and LOCAL checked them before compiling
     assert all(sum(o.bytes for o in plan(t)) <= ASYNC_TC_GPU.shared_max for t in tiles)
     assert all(t.workgroup_threads() <= ASYNC_TC_GPU.max_workgroup_threads for t in tiles)
-    # the default tile is one of them; around it, 4 and 8 warps, 2x2 to 4x4 mma tiles per warp, K steps of 16 and 32
-    assert tuple(hand_coded_optimizations(Kernel(ast, ASYNC_TC_GPU)).applied_opts) in opts
+    # the default tile is one of them; around it, 4 and 8 warps, 2x2 to 4x8 mma tiles per warp, K steps of 16 and 32
+    default = tuple(hand_coded_optimizations(Kernel(ast, ASYNC_TC_GPU)).applied_opts)
+    assert default in opts
     assert {t.workgroup_threads() // 32 for t in tiles} == {4, 8}
-    assert {t.lanes(AxisType.UPCAST) for t in tiles} == {4, 8, 16}
+    assert {t.lanes(AxisType.UPCAST) for t in tiles} == {4, 8, 16, 32}
     assert {16 * t.lanes(AxisType.UNROLL) for t in tiles} == {16, 32}
     assert {t.stages for t in tiles} == {1, 2, 3, 4}
-    # the largest tiles (256 rows of A over 4 warps along M) need more than 48 KB with both stages' buffers, and the
-    # default 128x128 tile with K step 32 does with three (57 KB): not offered
-    assert len(tiles) < 4 * 4 * 5 * 2
-    default = tuple(hand_coded_optimizations(Kernel(ast, ASYNC_TC_GPU)).applied_opts)
-    assert (*default[:-1], Opt(OptOps.STAGE, None, 3)) not in opts
-    assert (*default[:-1], Opt(OptOps.STAGE, None, 4)) not in opts
+    # the default takes the deepest pipeline its buffers fit (four stages of 8 KB); the largest tiles (256 rows of A
+    # over 4 warps along M, a K step of 32: 16 KB a stage) don't fit four stages in 48 KB: not offered
+    assert default[-1] == Opt(OptOps.STAGE, None, 4)
+    assert len(tiles) < 2 * 3 * 5 * 2 * 4
+    assert not any(t.stages == 4 and sum(o.bytes for o in plan(t)) > 48 * 1024 for t in tiles)
     # not matmul-like, or with opts already: nothing to offer
     assert tiling.staged_tiles(Kernel(ast, ASYNC_TC_GPU).apply_opts([Opt(OptOps.UPCAST, 0, 2)])) == []
 
@@ -446,7 +447,7 @@ def test_default_tiles_of_any_shape_match_numpy(batch: int, m: int, n: int, k: i
     ("dtype", "renderer"), [(dtypes.float16, TC_GPU), (dtypes.bfloat16, LDMATRIX_GPU), (dtypes.float32, FMA_GPU)]
 )
 def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 250 x 125 x 70: no 128-row tile divides M or N; padded, the default is the full 128x128 tile of 8 warps (256
+    # 250 x 125 x 70: no 128-row tile divides M or N; padded, the default is the full 128x128 tile of 4 warps (256
     # FMA threads) over 2x1 workgroups, as on a multiple of the tile (whatever the parallelism: a kernel this small
     # would otherwise get a smaller FMA register tile, `tiling.fma_register_tile`)
     monkeypatch.setattr(tiling, "FMA_WARPS_PER_UNIT", 0)
@@ -454,7 +455,7 @@ def test_odd_shape_is_padded_to_the_full_tile(dtype: DType, renderer, monkeypatc
     spec = _staged_run(case, renderer, None)
     k = Kernel(case.ast, renderer).apply_opts(list(spec.opts))
     assert tiling.tile_extents(k)["M"] * tiling.tile_extents(k)["N"] == 128 * 128
-    assert k.workgroup_threads() == 256
+    assert k.workgroup_threads() == (256 if dtype == dtypes.float32 else 32 * tiling.TC_WARPS)
     # by PADTO, or by the tensor core's own padding to its 16x8 tile
     assert math.prod(k.full_shape) > 250 * 125 * 70
 
@@ -518,7 +519,8 @@ def test_full_size_odd_shapes_get_the_round_shapes_tiles(monkeypatch: pytest.Mon
         for m, n, kk in ((4095, 1000, 4097), (4095, 4096, 4097), (1000, 1000, 1000)):
             k = hand_coded_optimizations(Kernel(bmm_ast(1, m, n, kk, dtype), renderer))
             round_ = hand_coded_optimizations(Kernel(bmm_ast(1, 4096, 4096, 4096, dtype), renderer))
-            assert k.staged and k.workgroup_threads() == round_.workgroup_threads() == 256
+            threads = 256 if dtype == dtypes.float32 else 32 * tiling.TC_WARPS
+            assert k.staged and k.workgroup_threads() == round_.workgroup_threads() == threads
             assert tiling.tile_extents(k) == tiling.tile_extents(round_), (dtype, m, n, kk, k.applied_opts)
 
 

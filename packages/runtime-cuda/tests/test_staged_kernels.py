@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from lazygrad_codegen import Opt, OptOps, get_program
+from lazygrad_codegen import Opt, OptOps, get_program, tiling
 from lazygrad_cuda.compiler import nvrtc_compile, ptxas_usage
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_cuda.tensor_cores import TENSOR_CORES
@@ -82,7 +82,8 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
             if "fp32" not in what:
                 assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
             if "odd" in what:
-                assert math.prod(spec.local_size) == 256, f"{what}: {spec.name} {spec.local_size} {spec.opts}"
+                threads = 256 if "fp32" in what else 32 * tiling.TC_WARPS
+                assert math.prod(spec.local_size) == threads, f"{what}: {spec.name} {spec.local_size} {spec.opts}"
             elif "matmul" in what and "fp32" not in what:
                 # whole 16-byte rows of both operands: copied by cp.async in a pipeline
                 assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
@@ -251,8 +252,13 @@ def test_fp16_matmul_pipelines_four_stages_in_dynamic_shared_memory(arch: str) -
 
     renderer = CUDARenderer(arch, TENSOR_CORES[arch])
     default = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer).opts
-    assert default[-1] == Opt(OptOps.STAGE), default  # two stages by default (tiling.DEEP_STAGES)
-    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*default[:-1], Opt(OptOps.STAGE, None, 4)])
+    # the default: four stages of a 16-element reduction step (tiling.DEEP_STAGES), 42 KB, static
+    assert default[-1] == Opt(OptOps.STAGE, None, 4), default
+    assert "extern __shared__" not in get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer).src
+    # the earlier default, 8 warps of 64x32 with a 32-element step: four stages need dynamic shared memory
+    opts = [*default[:2], Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.LOCAL, 1, 4)]
+    opts += [Opt(OptOps.UNROLL, 0, 2)]
+    spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer, [*opts, Opt(OptOps.STAGE, None, 4)])
     # four slots per operand: 128 rows of A by 32 of K (rows padded by 8 halves), 32 rows of B by 128 of N (+8)
     want = 4 * (128 * (32 + 8) + 32 * (128 + 8)) * 2
     assert sum(u.dtype.size * u.dtype.base.itemsize for u in spec.uops if u.op is Ops.DEFINE_LOCAL) == want
@@ -291,14 +297,13 @@ def test_shared_memory_limits_are_each_architectures_opt_in_maximum() -> None:
 
 
 def test_default_takes_the_deepest_pipeline_that_fits_the_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lazygrad_codegen import tiling
     from lazygrad_codegen.kernel_ast import matmul
 
-    monkeypatch.setattr(tiling, "DEEP_STAGES", (4, 3))  # where deep pipelines are asked for
-    # a stage of the default 128x128 tile at K step 32 is 128 x (32 + 8) + 32 x (128 + 8) halves, 18.9 KB: every
+    monkeypatch.setattr(tiling, "DEEP_STAGES", (4, 3))  # the default
+    # a stage of the default 128x128 tile at K step 16 is 128 x (16 + 8) + 16 x (128 + 8) halves, 10.3 KB: every
     # architecture from sm_80 on holds four; a GPU with less shared memory gets as many as fit, two at least
-    stage = (128 * (32 + 8) + 32 * (128 + 8)) * 2
-    for limit_kb, stages in ((227, 4), (99, 4), (60, 3), (48, 2)):
+    stage = (128 * (16 + 8) + 16 * (128 + 8)) * 2
+    for limit_kb, stages in ((227, 4), (99, 4), (40, 3), (30, 2)):
         renderer = CUDARenderer("sm_90", TENSOR_CORES["sm_90"])
         renderer.shared_max = limit_kb * 1024
         spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer)

@@ -9,11 +9,12 @@ weight-gradient kernels are of the same form.
 On tensor cores (fp16/bf16 inputs, fp32 accumulators; fp32 kernels stay on FMA units, TF32 only when the renderer
 offers such a core):
 
-    TC, UPCAST M x4, UPCAST N x4, LOCAL M x2, LOCAL N x4, UNROLL K x2, STAGE
+    TC, UPCAST M x4, UPCAST N x8, LOCAL N x2, LOCAL M x2, STAGE
 
-gives 8 warps of 64x32 outputs each, a 128x128 workgroup tile and 32 elements of the reduction per step; each element
-loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). Where the copies are asynchronous
-(CUDA sm_80+) STAGE pipelines them over two stages (deeper ones, up to four, where `DEEP_STAGES` asks).
+gives 4 warps of 64x64 outputs each, a 128x128 workgroup tile and one tensor core's reduction (16 elements) per
+step; each element loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). An N axis too short
+for two warps (a convolution's 64 output channels) gives its warps to M, up to `TC_WARPS` in all. Where the copies are
+asynchronous (CUDA sm_80+) STAGE pipelines them over the deepest of `DEEP_STAGES` that fits the shared memory.
 On FMA units:
 
     UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
@@ -40,8 +41,14 @@ from lazygrad_uop.views import ShapeTracker
 
 TC_MATCHES = 8
 """How many of the (M, N, K) axis triples a tensor core could take are tried, in order."""
-TC_TILES = (("M", (4, 2)), ("N", (4, 2)), ("LM", (2,)), ("LN", (4, 2)), ("K", (2,)))
-"""Tensor cores: each opt of the default tile and the amounts tried for it, largest first."""
+TC_TILES = (("M", (4, 2)), ("N", (8, 4, 2)), ("LN", (2,)), ("LM", (4, 2)), ("K", ()))
+"""Tensor cores: each opt of the default tile and the amounts tried for it, largest first (warps along M only up to
+`TC_WARPS` with those along N). Measured on an H100 (fp16 4096^3, 393 staged tiles timed): 64x64 outputs per warp
+and a 16-element reduction step ran at 275 TFLOPS; the earlier 64x32 per warp, 8 warps and a 32-element step at 178
+(the best 32-element step did not reach the top dozen); ResNet's 3x3 convolution forward, fp16 at batch 64: 35
+TFLOPS (64x64 per warp, 4 warps along the pixels) against 23."""
+TC_WARPS = 4
+"""Warps per workgroup of the default tensor-core tile, at most."""
 FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (16, 8, 4, 2)), ("K", (4, 2)))
 """FMA units: the same for a kernel without tensor cores."""
 
@@ -141,8 +148,10 @@ def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
 
 
 WARPS_AT_LEAST = 2
-"""A register tile leaves at least this many warps (threads on FMA units) along its axis where the axis allows: a
-short M (a weight gradient's 64 output channels) is better two warps of 32 rows than one of 64."""
+"""An FMA register tile leaves at least this many threads along its axis where the axis allows: a short M (a weight
+gradient's 64 output channels) is better two warps of 32 rows than one of 64. Tensor-core tiles don't where the other
+axis holds all their warps (`_tile`): an H100 ran ResNet's fp16 3x3 convolution at batch 64 fastest with all 64
+output channels in one warp's tile, its 4 warps along the pixels (`TC_TILES`)."""
 
 
 FMA_WARPS_PER_UNIT = 16
@@ -184,6 +193,11 @@ def _leaving_warps(k: Kernel, which: str, amounts: tuple[int, ...]) -> tuple[int
     return leaving or amounts
 
 
+def _warps(k: Kernel) -> int:
+    """The warps (tensor cores: LOCAL opts beyond the tensor core's own threads) `k`'s opts have made so far."""
+    return math.prod(int(o.arg) for o in k.applied_opts if o.op is OptOps.LOCAL)
+
+
 PAD_WASTE = 8
 """An axis that no tile of the default size divides (4095, 1000) is padded to whole tiles (PADTO; the padding reads
 zeros and its outputs are not stored) where that adds at most 1/PAD_WASTE of its length; else the largest tile,
@@ -212,26 +226,36 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     # a smaller FMA register tile spreads a workgroup's tile over more threads, whose copies may then need more local
     # memory than there is (a strided window's rows): the full register tile then (a shorter reduction step instead
     # made the 7x7 stem's weight gradient load 8 times more per FLOP)
-    limits = [register_tile, {}] if trial.tensor_core is None and register_tile else [{}]
-    for fewer in limits:
+    # (limit, whether M and N leave warps along them): an FMA tile takes the register tile, then the full one; a
+    # tensor-core tile first takes the largest register tiles and is kept only with all `TC_WARPS` warps (the
+    # other axis holding them), else it leaves warps along M and N as FMA tiles do, at most 64x32 per warp (a
+    # weight gradient's 64 x 576 outputs: 4 warps of 32x32)
+    if trial.tensor_core is None:
+        limits = [(register_tile, True), ({}, True)] if register_tile else [({}, True)]
+    else:
+        limits = [({}, False), ({"N": 4}, True)]
+    for fewer, leave in limits:
         tiled = trial.copy()
         for which, amounts in tiles:
             if which in fewer:
                 amounts = tuple(a for a in amounts if a <= fewer[which]) or amounts
-            if which in ("M", "N"):
+            if which in ("M", "N") and leave:
                 amounts = _leaving_warps(tiled, which, amounts)
+            if which == "LM" and tiled.tensor_core is not None:
+                amounts = tuple(a for a in amounts if a * _warps(tiled) <= TC_WARPS)
             _apply_first(tiled, which, amounts)
+        if not leave and _warps(tiled) < TC_WARPS:
+            continue
         if (staged := _staged(tiled)) is not None:
             return staged
     return None
 
 
-DEEP_STAGES: tuple[int, ...] = ()
+DEEP_STAGES: tuple[int, ...] = (4, 3)
 """Pipeline stages the default tensor-core tile tries first where the renderer copies asynchronously, deepest first:
-the first whose buffers fit its shared memory (STAGE's two otherwise). None by default: on an H100 the default fp16
-4096^3 tile ran at 274 TFLOPS with two stages and 233 with four (75.8 KB of dynamic shared memory, two blocks per
-multiprocessor either way; 8192^3: 286 and 246), so deeper pipelines are left to BEAM (`staged_tiles` tries 1 to 4)
-and to explicit opts until a tile that gains from them is measured."""
+the first whose buffers fit its shared memory (STAGE's two otherwise). On an H100 the default fp16 4096^3 tile (16
+elements of the reduction per step, 32 KB of static shared memory in four stages) ran at 275 TFLOPS with four stages
+and 273 with three; the earlier tile with a 32-element step ran slower with four stages (dynamic shared memory)."""
 
 
 def _staged(k: Kernel) -> Kernel | None:
@@ -274,12 +298,15 @@ def _targets(k: Kernel, register_tile: dict[str, int]) -> dict[str, int]:
     tiles = dict(TC_TILES if k.tensor_core is not None else FMA_TILES)
     n_dim, m_dim, k_dim = k.tensor_core.dims if k.tensor_core is not None else (1, 1, 1)
     regs = {"M": max(tiles["M"]), "N": max(tiles["N"])}
+    warps_m = max(tiles["LM"])
     if k.tensor_core is None:
         regs = {w: min(regs[w], register_tile[w]) for w in regs}
+    else:
+        warps_m = min(warps_m, TC_WARPS // max(tiles["LN"]))
     return {
-        "M": regs["M"] * max(tiles["LM"]) * m_dim,
+        "M": regs["M"] * warps_m * m_dim,
         "N": regs["N"] * max(tiles["LN"]) * n_dim,
-        "K": max(tiles["K"]) * k_dim,
+        "K": max(tiles["K"], default=1) * k_dim,
     }
 
 
@@ -385,7 +412,7 @@ def staged_matmul(k: Kernel) -> bool:
 
 TC_VARIANTS = {
     "M": (2, 4),
-    "N": (2, 4),
+    "N": (2, 4, 8),
     "warps": ((1, 4), (2, 2), (4, 1), (2, 4), (4, 2)),
     "K": (1, 2),
 }
@@ -447,7 +474,7 @@ def staged_tiles(k: Kernel) -> list[Kernel]:
             for lm, ln in variants["warps"]:
                 for step in variants["K"]:
                     tile = base.copy()
-                    plan_ = (("M", m), ("N", n), ("LM", lm), ("LN", ln), ("K", step))
+                    plan_ = (("M", m), ("N", n), ("LN", ln), ("LM", lm), ("K", step))  # the default's order
                     if not all(_apply_exact(tile, which, amount) for which, amount in plan_):
                         continue
                     for n_stages in stages:
