@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -30,12 +31,27 @@ Row = tuple[str, float, float | None, float, str, float]
 """(name, lazygrad seconds, torch seconds or None, work in units, unit, target ratio), as benchmarks/gpu.py prints."""
 
 
-def kernel_seconds(t: Tensor, runs: int) -> float:
-    """Median GPU time of the kernels that compute `t` from its (realized) inputs, after a warm-up run."""
+def kernel_seconds(t: Tensor, runs: int, label: str | None = None) -> float:
+    """Median GPU time of the kernels that compute `t` from its (realized) inputs, after a warm-up run; with `label`,
+    one line with each kernel's name, launch and median time follows (a row that looks wrong can then be read)."""
     items = [lower_schedule_item(si) for si in t.schedule()]
     for ei in items:
         ei.run()
-    return statistics.median(sum(ei.run(wait=True) or 0.0 for ei in items) for _ in range(runs))
+    per_run = [[ei.run(wait=True) for ei in items] for _ in range(runs)]
+    if any(s is None for times in per_run for s in times):
+        print(f"warning: a kernel of {label or 'a row'} returned no time; its row counts it as 0", file=sys.stderr)
+    if label is not None:
+        parts = []
+        for n, ei in enumerate(items):
+            spec = getattr(ei.runner, "spec", None)
+            name = (
+                f"{spec.name} g={spec.global_size} l={spec.local_size}"
+                if spec is not None
+                else type(ei.runner).__name__
+            )
+            parts.append(f"{name} {statistics.median(times[n] or 0.0 for times in per_run) * 1e6:.1f} us")
+        print(f"  {label}: " + "; ".join(parts), flush=True)
+    return statistics.median(sum(s or 0.0 for s in times) for times in per_run)
 
 
 def torch_seconds(torch, fn: Callable[[], object], runs: int) -> float:
@@ -103,7 +119,9 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
         return {"forward": out, "input grad": dx, "weight grad": dw}
 
     flops = 2 * batch * c * size * size * c * 9 / 1e12
-    times = {name: kernel_seconds(passes()[name], runs) for name in ("forward", "input grad", "weight grad")}
+    times = {
+        name: kernel_seconds(passes()[name], runs, f"conv {name}") for name in ("forward", "input grad", "weight grad")
+    }
     refs: dict[str, float | None] = dict.fromkeys(times)
     if torch is not None:
         torch.backends.cudnn.benchmark = True
