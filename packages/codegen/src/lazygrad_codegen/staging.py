@@ -47,7 +47,7 @@ TILE_TYPES = frozenset({AxisType.LOCAL, AxisType.TC_M, AxisType.TC_N, AxisType.T
 # the widest copy from global memory, in bytes (a 128-bit load)
 COPY_BYTES = 16
 # rows of a local buffer at least this long (bytes) are padded by COPY_BYTES to spread columns over the banks
-PAD_FROM_BYTES = 32
+PAD_FROM_BYTES = 64
 # the deepest pipeline STAGE builds: copies started up to MAX_STAGES - 1 steps ahead of the math
 MAX_STAGES = 4
 

@@ -41,16 +41,23 @@ from lazygrad_uop.views import ShapeTracker
 
 TC_MATCHES = 8
 """How many of the (M, N, K) axis triples a tensor core could take are tried, in order."""
-TC_TILES = (("M", (4, 2)), ("N", (8, 4, 2)), ("LN", (2,)), ("LM", (4, 2)), ("K", ()))
+TC_TILES = (("M", (4, 2)), ("N", (8, 4, 2)), ("LN", (2,)), ("LM", (4, 2)), ("K", (2,)))
 """Tensor cores: each opt of the default tile and the amounts tried for it, largest first (warps along M only up to
-`TC_WARPS` with those along N). Measured on an H100 (fp16 4096^3, 393 staged tiles timed): 64x64 outputs per warp
-and a 16-element reduction step ran at 275 TFLOPS; the earlier 64x32 per warp, 8 warps and a 32-element step at 178
-(the best 32-element step did not reach the top dozen); ResNet's 3x3 convolution forward, fp16 at batch 64: 35
-TFLOPS (64x64 per warp, 4 warps along the pixels) against 23."""
+`TC_WARPS` with those along N; K only on a long reduction, `TC_LONG_REDUCTION`). Measured on an H100, staged tiles
+timed: the fp16 4096^3 matmul ran at 302 TFLOPS with 64x64 outputs per warp and a 32-element step (the CUDA
+renderer's register budget allows it), 275 with a 16-element step, 178 with the earlier 8 warps of 64x32 and a
+32-element step; ResNet's fp16 3x3 convolution at batch 64: forward and input gradient 35-37 TFLOPS at 64x64 per warp,
+4 warps along the pixels and a 16-element step (23 before), weight gradient (64x576 outputs, 4 warps of 32x32)
+16.5 with a 32-element step and 8.7 with 16."""
 TC_WARPS = 4
 """Warps per workgroup of the default tensor-core tile, at most."""
-FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (16, 8, 4, 2)), ("K", (4, 2)))
-"""FMA units: the same for a kernel without tensor cores."""
+TC_LONG_REDUCTION = 1024
+"""A tensor-core tile reduces 32 elements a step where the reduction is at least this long, else 16: a
+convolution's 576 (64 channels x 3x3) ran faster in 36 steps of 16 than in 18 of 32, a matmul's 4096 and a weight
+gradient's thousands in steps of 32."""
+FMA_TILES = (("M", (8, 4, 2)), ("N", (8, 4, 2)), ("LM", (16, 8, 4, 2)), ("LN", (16, 8, 4, 2)), ("K", (8, 4, 2)))
+"""FMA units: the same for a kernel without tensor cores. An 8-element reduction step, where the renderer's register
+budget allows it (CUDA's), ran the fp32 4096^3 matmul on an H100 at 39.6 TFLOPS against 32.5 with 4 elements."""
 
 MIN_SIZE = 16
 """M, N and the reduction (the product of their axes) must each be at least this long for a staged tile to pay."""
@@ -154,10 +161,12 @@ axis holds all their warps (`_tile`): an H100 ran ResNet's fp16 3x3 convolution 
 output channels in one warp's tile, its 4 warps along the pixels (`TC_TILES`)."""
 
 
-FMA_WARPS_PER_UNIT = 16
+FMA_WARPS_PER_UNIT = 2
 """An FMA tile keeps at least this many warps per compute unit busy, all workgroups together, where a smaller register
-tile allows: its copies into local memory are synchronous, so a unit hides their latency only behind other warps (a
-7x7 convolution with 512 channels makes 3136x512 outputs: 8x8 per thread leaves six warps per H100 multiprocessor)."""
+tile allows: its copies into local memory are synchronous, so a unit hides their latency only behind other warps.
+Measured on an H100: ResNet-18's float32 3x3 weight gradient (64 channels, 56x56, batch 64; its parts) ran at 26.9
+TFLOPS with 8x8 per thread and an 8-element step (7.6 warps per multiprocessor), at 20.6 with 4x8 and at 15.5 with
+4x4 (30 warps), the choice at 16 warps per unit."""
 
 
 FMA_MIN_THREADS_PER_UNIT = 48
@@ -243,6 +252,9 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
                 amounts = _leaving_warps(tiled, which, amounts)
             if which == "LM" and tiled.tensor_core is not None:
                 amounts = tuple(a for a in amounts if a * _warps(tiled) <= TC_WARPS)
+            if which == "K" and tiled.tensor_core is not None:
+                if _extent(tiled, "K") * tiled.tensor_core.dims[2] < TC_LONG_REDUCTION:
+                    amounts = ()
             _apply_first(tiled, which, amounts)
         if not leave and _warps(tiled) < TC_WARPS:
             continue
