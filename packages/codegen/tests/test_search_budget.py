@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from codegen_cases import all_cases, check, cpu_device, matmul, run_device, run_python
 
-from lazygrad_codegen import Kernel, OptOps, heuristic
+from lazygrad_codegen import Kernel, Opt, OptOps, heuristic
 from lazygrad_codegen import search as search_module
 from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.search import _close, _decode, _random_values, beam_search, reference_kernel, search_key
@@ -333,3 +333,28 @@ def test_only_small_kernels_also_run_the_unoptimised_kernel(tmp_path, monkeypatc
     monkeypatch.setattr(search_module, "VERIFY_ITERATIONS", 16**3 - 1)
     beam_search(k.copy(), 1, timeout_s=0)
     assert () not in compiled and compiled[0] == tuple(ref.applied_opts)
+
+
+def test_chunks_compiled_ahead_match_serial_compiles_and_stop_at_the_deadline() -> None:
+    device = cpu_device()
+    k = Kernel(matmul(16, 16, 16).ast, device.renderer)
+    candidates = [(Opt(OptOps.UPCAST, axis, amt),) for axis in (0, 1) for amt in (2, 4, 8, 16)]
+    candidates += [(Opt(OptOps.UNROLL, 0, amt),) for amt in (2, 4, 8, 16)]
+    search_module._WORKER.update(kernel=k, compiler=device.compiler)
+    pool = search_module._fork_pool()
+    try:
+        serial = [c.src for c in search_module._compile_all(candidates, None)]
+        progress = search_module._Progress(math.inf)
+        chunks = list(search_module._compiled_chunks(candidates, pool, progress, overlap=True))
+        assert [c.src for chunk in chunks for c in chunk] == serial and len(serial) == len(candidates)
+        assert len(chunks) == -(-len(candidates) // (2 * search_module._workers(pool)))
+        # past the deadline, the chunk already compiling ahead is still handed over, and nothing after it
+        gen = search_module._compiled_chunks(candidates, pool, progress, overlap=True)
+        first = next(gen)
+        progress.deadline = -math.inf
+        rest = list(gen)
+        assert first and len(rest) <= (1 if pool is not None else 0)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        search_module._WORKER.clear()

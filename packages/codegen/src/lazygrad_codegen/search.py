@@ -30,8 +30,8 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -507,6 +507,35 @@ def _reference(
     return runs[0]
 
 
+def _compiled_chunks(
+    todo: list[tuple[Opt, ...]], pool: ProcessPoolExecutor | None, progress: _Progress, overlap: bool
+) -> Iterator[list[_Compiled]]:
+    """The candidates `todo` compiled, a chunk (two per worker) at a time; no chunk starts after `progress`'s deadline.
+    With `overlap` (and a pool), the next chunk compiles while the caller times this one."""
+    size = 2 * _workers(pool)
+    chunks = [todo[lo : lo + size] for lo in range(0, len(todo), size)]
+    if pool is None or not overlap:
+        for chunk in chunks:
+            if progress.expired():
+                return
+            yield _compile_all(chunk, pool)
+        return
+    ahead: list[Future] = []
+    try:
+        for i, chunk in enumerate(chunks):
+            if not ahead:
+                if progress.expired():
+                    return
+                ahead = [pool.submit(_compile, opts) for opts in chunk]
+            current, ahead = ahead, []
+            if i + 1 < len(chunks) and not progress.expired():
+                ahead = [pool.submit(_compile, opts) for opts in chunks[i + 1]]
+            yield [c for f in current if (c := f.result()) is not None]
+    finally:
+        for f in ahead:  # a chunk submitted ahead of a caller that stopped: those not started yet never will
+            f.cancel()
+
+
 def _evaluate(
     candidates: dict[tuple[Opt, ...], Kernel],
     device: CompiledDevice,
@@ -521,34 +550,37 @@ def _evaluate(
     One much slower than `best_time` is timed by its checking run alone. They are compiled a chunk at a time (two per
     worker) and none is compiled or timed once `progress`'s deadline has passed: what was timed by then is returned."""
     timed: list[tuple[Kernel, float]] = []
-    todo = list(candidates)
-    chunk = 2 * _workers(pool)
-    for lo in range(0, len(todo), chunk):
-        if progress.expired():
-            break
-        compiled = _compile_all(todo[lo : lo + chunk], pool)
-        progress.compiled += len(compiled)
-        for c in compiled:
+    # kernels that run on the device's own processors (local dimensions: GPUs) are timed while the next chunk
+    # compiles; a CPU's kernels would share its cores with the compilers, and their timings with them
+    chunks = _compiled_chunks(list(candidates), pool, progress, overlap=device.renderer.has_local)
+    try:
+        for compiled in chunks:
+            progress.compiled += len(compiled)
+            for c in compiled:
+                if progress.expired():
+                    break
+                if c.src in seen:
+                    continue
+                seen.add(c.src)
+                try:
+                    prg = device.load_program(c.name, c.lib)
+                    outputs, first = _run_outputs(prg, c, bench, reference)
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails to run is skipped like a wrong one
+                    if DEBUG >= 2:
+                        print(f"BEAM: {c.opts} failed to run ({type(exc).__name__}: {exc}), skipped")
+                    continue
+                if outputs is None:
+                    if DEBUG >= 2:
+                        print(f"BEAM: {c.opts} gives wrong results, skipped")
+                    continue
+                elapsed = first if first > 3 * best_time else min(first, _time(prg, c, bench, give_up=3 * best_time))
+                progress.timed += 1
+                progress.programs[c.opts] = (prg, c)
+                timed.append((candidates[c.opts], elapsed))
             if progress.expired():
                 break
-            if c.src in seen:
-                continue
-            seen.add(c.src)
-            try:
-                prg = device.load_program(c.name, c.lib)
-                outputs, first = _run_outputs(prg, c, bench, reference)
-            except Exception as exc:  # noqa: BLE001 - a candidate that fails to run is skipped like a wrong one
-                if DEBUG >= 2:
-                    print(f"BEAM: {c.opts} failed to run ({type(exc).__name__}: {exc}), skipped")
-                continue
-            if outputs is None:
-                if DEBUG >= 2:
-                    print(f"BEAM: {c.opts} gives wrong results, skipped")
-                continue
-            elapsed = first if first > 3 * best_time else min(first, _time(prg, c, bench, give_up=3 * best_time))
-            progress.timed += 1
-            progress.programs[c.opts] = (prg, c)
-            timed.append((candidates[c.opts], elapsed))
+    finally:
+        chunks.close()  # cancels a chunk submitted ahead that has not started
     return sorted(timed, key=lambda kt: kt[1])
 
 
