@@ -358,3 +358,19 @@ def test_chunks_compiled_ahead_match_serial_compiles_and_stop_at_the_deadline() 
         if pool is not None:
             pool.shutdown()
         search_module._WORKER.clear()
+
+
+def test_a_candidate_that_writes_nothing_does_not_pass_for_the_kernel_before_it() -> None:
+    device = cpu_device()
+    k = Kernel(matmul(16, 16, 16).ast, device.renderer)
+    bench = search_module._bench(k, device, device.device)
+    search_module._WORKER.update(kernel=k, compiler=device.compiler)
+    try:
+        c = search_module._compile(())
+    finally:
+        search_module._WORKER.clear()
+    outputs, _ = search_module._run_outputs(device.load_program(c.name, c.lib), c, bench)
+    reference = {slot: search_module._Expected(bench.bufs[slot].dtype, raw) for slot, raw in outputs.items()}
+    # the output buffers now hold the right values; a kernel that leaves them alone must still be caught
+    assert search_module._run_outputs(lambda *args, **kwargs: 0.0, c, bench, reference)[0] is None
+    assert search_module._run_outputs(device.load_program(c.name, c.lib), c, bench, reference)[0] is not None

@@ -138,7 +138,7 @@ class _Expected:
     # elements compared at a time: the temporaries stay in the CPU's caches
     CHUNK = 1 << 18
 
-    def __init__(self, dtype: DType, raw: bytes) -> None:
+    def __init__(self, dtype: DType, raw: bytes | bytearray) -> None:
         self.dtype, self.raw = dtype, raw
         scalar = dtype.scalar()
         if not dtypes.is_float(scalar):
@@ -151,7 +151,7 @@ class _Expected:
         scale = float(finite.max()) if finite.size else 1.0
         self.limit = self.want.dtype.type(tol * (1 + scale))
 
-    def matches(self, got: bytes) -> bool:
+    def matches(self, got: bytes | bytearray) -> bool:
         """Whether `got` (a candidate's output bytes) is this output up to reordering (see the class docstring)."""
         if got == self.raw:
             return True
@@ -188,16 +188,18 @@ class _Bench:
     initial: dict[int, bytes]
     vals: tuple[int, ...]
 
-    def reset(self) -> None:
-        for slot, data in self.initial.items():
-            self.bufs[slot].copyin(memoryview(data))
+    def reset(self, slots: tuple[int, ...]) -> None:
+        """Put back the starting contents of `slots`: a kernel's outputs, the only buffers it writes, so that its
+        outputs are its own and not those of the kernel that ran before (which its starting random data rule out)."""
+        for slot in slots:
+            self.bufs[slot].copyin(memoryview(self.initial[slot]))
 
-    def outputs(self, slots: tuple[int, ...]) -> dict[int, bytes]:
+    def outputs(self, slots: tuple[int, ...]) -> dict[int, bytearray]:
         out = {}
         for slot in slots:
             host = bytearray(self.bufs[slot].nbytes)
             self.bufs[slot].copyout(memoryview(host))
-            out[slot] = bytes(host)
+            out[slot] = host
         return out
 
 
@@ -613,9 +615,9 @@ def _confirm(
 
 def _run_outputs(
     prg: Callable[..., Any], c: _Compiled, bench: _Bench, reference: dict[int, _Expected] | None = None
-) -> tuple[dict[int, bytes] | None, float]:
+) -> tuple[dict[int, bytearray] | None, float]:
     """Run once from the starting contents: the outputs (None when they differ from `reference`) and the run time."""
-    bench.reset()
+    bench.reset(c.outs)
     handles = [bench.bufs[slot].handle for slot in c.globals]
     t = prg(*handles, global_size=c.global_size, local_size=c.local_size, vals=bench.vals, wait=True)
     elapsed = t if t is not None else math.inf
