@@ -1,6 +1,8 @@
 """BEAM search at scale: the random buffers and the comparison of candidates' outputs are vectorized (checked here
-against numpy and torch encodings of each dtype), and BEAM_TIMEOUT holds inside a round, so a search returns within
-its budget plus one chunk of compiles, with the best kernel found by then, uncached."""
+against numpy and torch encodings of each dtype); BEAM_TIMEOUT holds inside a round and for the staged-tile seeds (a
+fake clock counts the compiles and runs started after it), so a search returns within its budget plus one chunk of
+compiles, with the best kernel found by then, uncached; and the reference kernel computes what the unoptimised one
+does while running side by side on a GPU."""
 
 from __future__ import annotations
 
