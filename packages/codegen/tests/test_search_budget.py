@@ -17,20 +17,12 @@ from lazygrad_codegen import Kernel, Opt, OptOps, heuristic
 from lazygrad_codegen import search as search_module
 from lazygrad_codegen.kernel import AxisType
 from lazygrad_codegen.search import _close, _decode, _random_values, beam_search, reference_kernel, search_key
+from lazygrad_uop import symbolic
 from lazygrad_uop.diskcache import diskcache_get
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 
 FLOATS = [dtypes.float16, dtypes.float32, dtypes.float64]
-INTS = [
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-]
+INTS = list(symbolic.INTS)  # every integer dtype
 
 
 def _torch_bytes(values: np.ndarray, torch_dtype: str) -> bytes:
