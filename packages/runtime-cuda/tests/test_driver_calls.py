@@ -135,6 +135,15 @@ def test_launch_arguments_and_timing(fake: FakeDriver) -> None:
     assert fake.kernel_args == [([b.ptr for b in bufs], [7, -3])]
     assert prog(*bufs, vals=(0, 0), wait=True) == pytest.approx(1.5e-3)
     assert fake.names()[-4:] == ["cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime"]
+    # the last launch's arguments and sizes are reused only while they are the same: other buffers, values or sizes
+    # reach the driver
+    other = [gpu.allocator.alloc(16), gpu.allocator.alloc(16)]
+    for _ in range(2):
+        prog(*other, global_size=(4, 2, 1), local_size=(32, 1, 1), vals=(5, 6))
+    prog(*bufs, global_size=(1, 1, 1), local_size=(64, 1, 1), vals=(5, 6))
+    want = [([b.ptr for b in other], [5, 6])] * 2 + [([b.ptr for b in bufs], [5, 6])]
+    assert fake.kernel_args[-3:] == want
+    assert fake.calls[-1][1][1:7] == (1, 1, 1, 64, 1, 1)
     with pytest.raises(ValueError, match="positive"):
         prog(*bufs, vals=(0, 0), global_size=(0, 1, 1))
 
