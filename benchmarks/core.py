@@ -4,7 +4,8 @@ Times are end to end per call (building the lazy graph, scheduling, running the 
 warm-up call), median of several runs. Ratio = numpy time / lazygrad time: above 1 means lazygrad is faster.
 
 The other benchmarks import their measuring helpers from here: `bench`, `kernel_launcher` and `kernel_seconds` (the
-kernels alone), `Copier` (the machine's reference memory speed), `interleaved` (references measured alongside).
+kernels alone), `Copier` (the machine's reference memory speed), `interleaved` (references measured alongside),
+`others_cpu_seconds` (how much of the machine other processes took meanwhile).
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ def machine() -> str:
     """The cores this process may use, and the load on the machine: other processes running at the same time share
     the cores and the memory bandwidth, and every ratio here depends on them."""
     return f"{_cores()} cores" + (f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")
+
+
+def others_cpu_seconds() -> float | None:
+    """CPU seconds that other processes (and other virtual machines, as steal time) have used so far: the machine's
+    busy time since boot (Linux's /proc/stat) less this process's own; None where the OS doesn't report it. Its change
+    over a measurement, divided by the measurement's wall time, is how many cores other work held meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    # user, nice, system, idle, iowait, irq, softirq, steal: all but idle and iowait are busy
+    busy = sum(fields) - fields[3] - fields[4]
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK") - (own.user + own.system)
 
 
 def _cores() -> int:
