@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from lazygrad_cuda.compiler import NVRTCOutput, nvrtc_compile, nvrtc_version
-from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, MMA_M16N8K16_LAYOUT
+from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, MMA_M16N8K8_TF32_LAYOUT, MMA_M16N8K16_LAYOUT
 from lazygrad_testkit.dtypes import SCALARS  # noqa: F401 - the scalar types the tests import from here
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
@@ -157,6 +157,39 @@ def ptx_fragment(operand: str, lane: int, register: int) -> tuple[int, int]:
     if operand == "B":
         return tig * 2 + (register & 1) + 8 * (register >> 1), g
     return g + 8 * (register >> 1), tig * 2 + (register & 1)
+
+
+def ptx_tf32_fragment(operand: str, lane: int, register: int) -> tuple[int, int]:
+    """The PTX ISA's mma.m16n8k8 fragment layout for .tf32 inputs: the (row, column) of the element of A (16x8), B
+    (8x8) or C (16x8) that thread `lane` holds in `register` (one 32-bit element per register)."""
+    g, tig = lane // 4, lane % 4
+    if operand == "A":
+        return g + 8 * (register & 1), tig + 4 * (register >> 1)
+    if operand == "B":
+        return tig + 4 * register, g
+    return g + 8 * (register >> 1), tig * 2 + (register & 1)
+
+
+def tf32_mma_program() -> list[UOp]:
+    """One warp computing D = A @ B (A 16x8 float row-major in data1, B 8x8 in data2, D 16x8 in data0) with one WMMA
+    on TF32 (mma.m16n8k8 .tf32, inputs rounded to 10 mantissa bits), each thread loading and storing the fragment
+    elements the PTX ISA assigns it (`ptx_tf32_fragment`)."""
+    d, a, b = glob(0, dtypes.float32, 128), glob(1, dtypes.float32, 128), glob(2, dtypes.float32, 64)
+    lane = special("lidx0", 32)
+    g, tig = lane // 4, lane % 4
+    # the formulas of ptx_tf32_fragment, on the thread index
+    a_lanes = [load(a, (g + 8 * (i & 1)) * 8 + tig + 4 * (i >> 1)) for i in range(4)]
+    b_lanes = [load(b, (tig + 4 * i) * 8 + g) for i in range(2)]
+    va = UOp(Ops.VECTORIZE, dtypes.float32.vec(4), tuple(a_lanes))
+    vb = UOp(Ops.VECTORIZE, dtypes.float32.vec(2), tuple(b_lanes))
+    vc = UOp(Ops.VCONST, dtypes.float32.vec(4), (), (0.0, 0.0, 0.0, 0.0))
+    arg = ("WMMA_8_16_8_float_m10_float", (8, 16, 8), dtypes.float32, dtypes.float32, 32, (4, 2, 4))
+    acc = UOp(Ops.WMMA, dtypes.float32.vec(4), (va, vb, vc), (*arg, MMA_M16N8K8_TF32_LAYOUT, 10))
+    stores = [
+        store(d, (g + 8 * (i >> 1)) * 8 + tig * 2 + (i & 1), UOp(Ops.GEP, dtypes.float32, (acc,), (i,)))
+        for i in range(4)
+    ]
+    return linear("mma_tf32", *stores)
 
 
 def mma_program(dtype_in: DType, k: int = 16) -> list[UOp]:

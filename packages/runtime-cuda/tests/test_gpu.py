@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_helpers import glob, linear, load, mma_program, shared_vector_program, shared_vector_reference, special, store
+from cuda_helpers import (
+    glob,
+    linear,
+    load,
+    mma_program,
+    shared_vector_program,
+    shared_vector_reference,
+    special,
+    store,
+    tf32_mma_program,
+)
 
 from lazygrad_cuda.device import CUDADevice
 from lazygrad_cuda.graph import CUDAGraph
@@ -78,6 +88,25 @@ def test_mma_sync_matches_numpy(gpu: CUDADevice, dtype_in: DType, k: int) -> Non
     bufs = [_to_gpu(gpu, d), _to_gpu(gpu, a_in), _to_gpu(gpu, b_in)]
     _program(gpu, mma_program(dtype_in, k))(*bufs, local_size=(32, 1, 1), wait=True)
     np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], d), a @ b)
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 `x` rounded to TF32 by its bits: to nearest, ties away from zero (finite values)."""
+    return ((x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def test_tf32_mma_sync_rounds_its_inputs(gpu: CUDADevice) -> None:
+    if int(gpu.arch[3:5]) < 80:
+        pytest.skip(f"mma.sync m16n8k8 .tf32 needs sm_80 or newer; this GPU is {gpu.arch}")
+    # small integers plus a fraction below TF32's last bit, so products and sums are exact on TF32-rounded values
+    a = (RNG.integers(-4, 5, (16, 8)) * (1 + 2.0**-12)).astype(np.float32)
+    b = (RNG.integers(-4, 5, (8, 8)) * (1 + 3 * 2.0**-11)).astype(np.float32)
+    d = np.zeros((16, 8), np.float32)
+    bufs = [_to_gpu(gpu, d), _to_gpu(gpu, a), _to_gpu(gpu, b)]
+    _program(gpu, tf32_mma_program())(*bufs, local_size=(32, 1, 1), wait=True)
+    got = _from_gpu(gpu, bufs[0], d)
+    np.testing.assert_allclose(got, _tf32(a).astype(np.float64) @ _tf32(b).astype(np.float64), rtol=1e-6)
+    assert not np.allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-6)
 
 
 def _add_program(n: int) -> list[UOp]:

@@ -17,12 +17,14 @@ from cuda_helpers import (
     load,
     mma_program,
     ptx_fragment,
+    ptx_tf32_fragment,
     shared_vector_program,
     special,
     store,
+    tf32_mma_program,
 )
 
-from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, MMA_M16N8K16_LAYOUT, CUDARenderer
+from lazygrad_cuda.renderer import MMA_M16N8K8_LAYOUT, MMA_M16N8K8_TF32_LAYOUT, MMA_M16N8K16_LAYOUT, CUDARenderer
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp
@@ -57,6 +59,40 @@ def test_wmma_outside_mma_sync_is_refused() -> None:
         R.render_wmma(UOp(Ops.WMMA, dtypes.float32.vec(4), (), arg))
 
 
+def test_mma_sync_on_tf32(tmp_path: Path) -> None:
+    src = R.render(tf32_mma_program())
+    # each of A's 4 and B's 2 floats rounded to nearest, ties away, before the mma
+    assert src.count("cvt.rna.tf32.f32") == 6
+    for out in compile_everywhere(src, "mma_tf32", tmp_path).values():
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in out.ptx.decode()
+
+
+def test_float32_mma_must_round_to_tf32_in_the_ptx_layout() -> None:
+    prog = tf32_mma_program()
+    wmma = next(u for u in prog if u.op is Ops.WMMA)
+    a, b, c = wmma.src
+    unrounded = wmma.arg[:7]
+    with pytest.raises(NotImplementedError, match="input_mantissa_bits=10"):
+        R.render_wmma(UOp(Ops.WMMA, wmma.dtype, (a, b, c), unrounded))
+    with pytest.raises(NotImplementedError, match="input_mantissa_bits=10"):
+        R.render_wmma(UOp(Ops.WMMA, wmma.dtype, (a, b, c), (*unrounded, 7)))
+    # the fp16 m16n8k8 layout (two elements per register) is not the TF32 one
+    with pytest.raises(NotImplementedError, match="layout"):
+        R.render_wmma(UOp(Ops.WMMA, wmma.dtype, (a, b, c), (*wmma.arg[:6], MMA_M16N8K8_LAYOUT, 10)))
+    # and a rounding is only TF32's, of float32
+    half = ("WMMA_8_16_8_half_float", (8, 16, 8), dtypes.float16, dtypes.float32, 32, (4, 2, 4), MMA_M16N8K8_LAYOUT)
+    with pytest.raises(NotImplementedError, match="rounds only float32"):
+        R.render_wmma(UOp(Ops.WMMA, wmma.dtype, (), (*half, 10)))
+
+
+def test_the_tf32_core_is_registered_with_the_ptx_layout() -> None:
+    from lazygrad_cuda.tensor_cores import TENSOR_CORES
+
+    (tf32,) = [tc for tc in TENSOR_CORES["sm_80"] if tc.dtype_in == dtypes.float32]
+    assert tf32.swizzle == MMA_M16N8K8_TF32_LAYOUT and tf32.input_mantissa_bits == 10
+    assert R.tensor_core_problem(tf32, "sm_80") is None
+
+
 def _coordinate(layout: tuple, dim: str, thread: int, register: int) -> int:
     """Coordinate `dim` of the element `thread` holds in `register`, read off a layout as TensorCore defines it."""
     thread_bits, register_bits = layout
@@ -67,15 +103,23 @@ def _coordinate(layout: tuple, dim: str, thread: int, register: int) -> int:
     return sum(bit << int(name[1:]) for bit, name in zip(bits, names, strict=True) if name and name[0] == dim)
 
 
-@pytest.mark.parametrize("layouts", [MMA_M16N8K16_LAYOUT, MMA_M16N8K8_LAYOUT], ids=["k16", "k8"])
+@pytest.mark.parametrize(
+    ("layouts", "fragment"),
+    [
+        (MMA_M16N8K16_LAYOUT, ptx_fragment),
+        (MMA_M16N8K8_LAYOUT, ptx_fragment),
+        (MMA_M16N8K8_TF32_LAYOUT, ptx_tf32_fragment),
+    ],
+    ids=["k16", "k8", "k8-tf32"],
+)
 @pytest.mark.parametrize("operand", ["A", "B", "C"])
-def test_mma_layout_is_the_ptx_fragment_layout(operand: str, layouts: tuple) -> None:
+def test_mma_layout_is_the_ptx_fragment_layout(operand: str, layouts: tuple, fragment) -> None:
     layout = layouts["ABC".index(operand)]
     rows, cols = {"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")}[operand]
     for lane in range(32):
         for register in range(1 << len(layout[1])):
             got = (_coordinate(layout, rows, lane, register), _coordinate(layout, cols, lane, register))
-            assert got == ptx_fragment(operand, lane, register), (operand, lane, register)
+            assert got == fragment(operand, lane, register), (operand, lane, register)
 
 
 def test_casts_between_every_pair_of_dtypes(tmp_path: Path) -> None:

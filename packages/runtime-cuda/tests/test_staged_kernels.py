@@ -14,6 +14,7 @@ from lazygrad_codegen import Opt, OptOps, get_program, tiling
 from lazygrad_cuda.compiler import nvrtc_compile, ptxas_usage
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_cuda.tensor_cores import TENSOR_CORES
+from lazygrad_uop.config import TF32, Context
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
 
@@ -66,6 +67,10 @@ def _matmul_like(ast) -> bool:
         ("odd_matmul_fp32", lambda: _odd_matmul(dtypes.float32)),
         ("conv_fp16", lambda: _conv_passes(dtypes.float16)),
         ("conv_fp32", lambda: _conv_passes(dtypes.float32)),
+        # TF32=1: float32 on the TF32 tensor core (mma.sync m16n8k8 .tf32), staged as fp16 is
+        ("matmul_fp32_tf32", lambda: _matmul(dtypes.float32)),
+        ("odd_matmul_fp32_tf32", lambda: _odd_matmul(dtypes.float32)),
+        ("conv_fp32_tf32", lambda: _conv_passes(dtypes.float32)),
     ],
 )
 def test_default_staged_kernels_compile_without_spills(what: str, build) -> None:
@@ -73,17 +78,29 @@ def test_default_staged_kernels_compile_without_spills(what: str, build) -> None
     assert TENSOR_CORES["sm_80"] == TENSOR_CORES["sm_90"]
     renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
     staged = 0
+    tf32 = "tf32" in what
     for t in build():
         for si in t.schedule():
             if si.ast.op is not Ops.SINK or not _matmul_like(si.ast):
                 continue
-            spec = get_program(si.ast, renderer)
+            with Context(TF32=int(tf32)):
+                spec = get_program(si.ast, renderer)
             assert _staged(spec), f"{what}: {spec.name} is not staged: {spec.opts}"
-            if "fp32" not in what:
+            if tf32:
+                # each float32 operand rounded (ties away) before the mma; read from shared memory by plain 4-byte
+                # loads (ldmatrix moves 16-bit elements)
+                assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in spec.src, f"{what}: {spec.name}"
+                assert "cvt.rna.tf32.f32" in spec.src and "ldmatrix" not in spec.src
+            elif "fp32" in what:
+                assert "mma.sync" not in spec.src, f"{what}: {spec.name} runs float32 on a tensor core without TF32=1"
+            else:
                 assert "mma.sync" in spec.src, f"{what}: {spec.name} is not on tensor cores"
             if "odd" in what:
-                threads = 256 if "fp32" in what else 32 * tiling.TC_WARPS
+                # the tensor-core tile's warps (TF32's too); 256 threads of the FMA tile
+                threads = 32 * tiling.TC_WARPS if tf32 or "fp32" not in what else 256
                 assert math.prod(spec.local_size) == threads, f"{what}: {spec.name} {spec.local_size} {spec.opts}"
+            elif "matmul" in what and tf32:
+                assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
             elif "matmul" in what and "fp32" not in what:
                 # whole 16-byte rows of both operands: copied by cp.async in a pipeline
                 assert "cp.async.cg.shared.global" in spec.src and "cp.async.wait_group" in spec.src
@@ -116,12 +133,17 @@ def _spills(spec) -> list[str]:
     return [arch for arch in ("sm_80", "sm_90") if ptxas_usage(spec.src, arch, spec.name).spills]
 
 
-@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32])
+@pytest.mark.parametrize(("dtype", "tf32"), [(dtypes.float16, 0), (dtypes.float32, 0), (dtypes.float32, 1)])
 @pytest.mark.parametrize(("cout", "stride"), [(64, 1), (128, 2)])
-def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, cout: int, stride: int) -> None:
+def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, tf32: int, cout: int, stride: int) -> None:
+    with Context(TF32=tf32):  # the split of the weight gradient counts the warps of the tile codegen picks
+        _convolution_gradients_fill_the_gpu(cuda_graphs, dtype, cout, stride)
+
+
+def _convolution_gradients_fill_the_gpu(renderer: CUDARenderer, dtype: DType, cout: int, stride: int) -> None:
     from lazygrad_codegen.reductions import SPLIT_K_MAX
 
-    renderer = cuda_graphs
+    on_tensor_cores = dtype == dtypes.float16 or bool(TF32)
     # ResNet-18's first 3x3 layer of its first stage (64 -> 64), and of its second (64 -> 128, stride 2), batch 64
     x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(cout, 64, 3, 3, dtype=dtype).requires_grad_()
     out = x.conv2d(w, padding=1, stride=stride)
@@ -141,11 +163,10 @@ def test_convolution_gradients_fill_the_gpu(cuda_graphs, dtype: DType, cout: int
     assert warps >= tiling.FMA_WARPS_PER_UNIT * renderer.compute_units and renderer.compute_units == 132
     assert math.prod(spec.global_size) >= 0.9 * renderer.compute_units, spec.global_size
     # 4 warps on tensor cores (two along the 64 or 128 output channels), 64 threads or more on FMA units
-    assert math.prod(spec.local_size) >= (128 if dtype == dtypes.float16 else 64), spec.local_size
+    assert math.prod(spec.local_size) >= (128 if on_tensor_cores else 64), spec.local_size
     assert not _spills(spec)
     assert sum_item.bufs[0].size == cout * 64 * 9 and sum_item.bufs[1].size <= SPLIT_K_MAX * cout * 64 * 9
-    if dtype == dtypes.float16:
-        assert "mma.sync" in spec.src and "mma.sync" in dx_spec.src
+    assert ("mma.sync" in spec.src and "mma.sync" in dx_spec.src) == on_tensor_cores
 
 
 def _conv(cin: int, cout: int, k: int, stride: int, size: int, dtype: DType, which: int) -> Tensor:

@@ -107,3 +107,21 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     out = rounded.astype(np.uint32).view(np.float32)
     return np.where(np.isnan(x), np.float32(np.nan), out)
+
+
+def mantissa_reference(x: np.ndarray, bits: int = 10) -> np.ndarray:
+    """float32 `x` rounded to `bits` explicit mantissa bits (10: TF32), to nearest with ties away from zero, as
+    `cvt.rna.tf32.f32` does: of the two float32 neighbours with only those bits (the dropped bits cleared, toward zero,
+    and the next one away from zero, which may be the next binade or inf), the nearer one in float64, the one away
+    from zero on a tie. inf and nan stay as they are."""
+    x = np.asarray(x, np.float32)
+    drop = 23 - bits
+    toward = x.view(np.uint32) & np.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
+    away = toward + np.uint32(1 << drop)
+    with np.errstate(invalid="ignore"):  # the neighbours of inf and nan are computed, then not used
+        low, high = toward.view(np.float32).astype(np.float64), away.view(np.float32).astype(np.float64)
+        # past the largest finite value the next one is inf, at 2**128 on the real line
+        high_at = np.where(np.isinf(high), np.copysign(2.0**128, high), high)
+        xd = x.astype(np.float64)
+        rounded = np.where(np.abs(high_at - xd) <= np.abs(xd - low), high, low).astype(np.float32)
+    return np.where(np.isfinite(x), rounded, x)

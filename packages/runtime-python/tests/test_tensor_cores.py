@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pyinterp_helpers import mantissa_reference
 
 from lazygrad_python import GPUTarget, PythonCompiler, PythonProgram, PythonRenderer
 from lazygrad_python.program_text import arg_text
 from lazygrad_python.tensor_cores import TensorCoreLayoutError, wmma_function
 from lazygrad_uop import DType, Ops, UOp, dtypes
+from lazygrad_uop.config import Context
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.plugins import RendererSpec, TensorCoreSpec, hookimpl
 from lazygrad_uop.registry import Device, DeviceRegistry
@@ -22,6 +24,13 @@ codegen = pytest.importorskip("lazygrad_codegen")
 views = pytest.importorskip("lazygrad_uop.views")
 
 RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(autouse=True)
+def _tf32_allowed():
+    """Every description runs here, TF32 cores too (they need TF32=1; test_tf32.py checks that they do)."""
+    with Context(TF32=1):
+        yield
 
 
 def _descriptions() -> list[tuple[str, TensorCore]]:
@@ -104,6 +113,8 @@ def _run(
     prg = PythonProgram(Device["PYTHON"], spec.name, PythonCompiler().compile(spec.src))
     prg(*(mems[s] for s in spec.globals), global_size=spec.global_size, local_size=spec.local_size)
     got = _decode(bytes(mems[0]), tc.dtype_out).reshape(m, n)
+    if tc.input_mantissa_bits is not None:  # a TF32 core multiplies its inputs rounded
+        a, b = (mantissa_reference(v, tc.input_mantissa_bits).astype(np.float64) for v in (a, b))
     want = a.reshape(m, k) @ b.reshape(k, n)
     tol = 1e-4 if tc.dtype_out == dtypes.float32 else 2e-2
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * (1 + np.abs(want).max()))

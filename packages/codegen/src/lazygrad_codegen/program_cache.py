@@ -3,8 +3,9 @@ kept in memory and on disk under a structural key of everything that shapes it.
 
 The key (`program_key`) is a hash of the kernel AST's structure (every node's op, dtype, sources and arg, symbolic
 sizes included), the renderer (its class, device and the settings it was built with), the opts setting (`BEAM`,
-`NOOPT`, or the opts asked for), and the versions and source digests of the packages that generate the program: this
-package, `lazygrad_uop`, and the renderer's own package. A second run of the same model, and a repeated layer within
+`NOOPT`, or the opts asked for), the `TF32` setting (which tensor cores a kernel may take), and the versions and
+source digests of the packages that generate the program: this package, `lazygrad_uop`, and the renderer's own
+package. A second run of the same model, and a repeated layer within
 one, skip straight to the compiler (whose binaries are cached by source, see `lazygrad_uop.device.Compiler`). A key
 that can't be built (an arg of a type this module does not know) means the kernel is simply not cached.
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from lazygrad_codegen.kernel import Opt
 from lazygrad_codegen.program import ProgramSpec, get_program
-from lazygrad_uop.config import BEAM, DEBUG, NOOPT, ContextVar
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT, TF32, ContextVar
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.diskcache import diskcache_get, diskcache_put
 from lazygrad_uop.dtype import DType, PtrDType
@@ -156,7 +157,7 @@ def program_key(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None)
         f"v{_ENTRY_VERSION}",
         ast_hash,
         renderer_key(renderer),
-        f"BEAM={BEAM.value} NOOPT={NOOPT.value} opts={wanted}",
+        f"BEAM={BEAM.value} NOOPT={NOOPT.value} TF32={TF32.value} opts={wanted}",
         package_fingerprint("lazygrad_codegen"),
         package_fingerprint("lazygrad_uop"),
     )
@@ -309,7 +310,7 @@ def cached_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = No
         # DEBUG 3 and up print what code generation does (opts, source, uops): generate, so that it is printed
         return get_program(ast, renderer, opts)
     # in memory by the AST node itself (UOps are interned): a repeated kernel costs one dict lookup
-    memo = (ast, renderer, BEAM.value, NOOPT.value, None if opts is None else tuple(opts))
+    memo = (ast, renderer, BEAM.value, NOOPT.value, TF32.value, None if opts is None else tuple(opts))
     if (spec := _memory.get(memo)) is not None:
         return spec
     key = program_key(ast, renderer, opts)

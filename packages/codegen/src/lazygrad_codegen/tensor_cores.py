@@ -8,6 +8,9 @@ the coordinate the core's layout assigns to the thread and register (`coordinate
 `threads` threads) loads register `r` of A from the element at (m, k) = layout_A(t, r), of B from layout_B(t, r),
 and finds its result C[m][n] for (m, n) = layout_C(t, r) in register r of the WMMA's output. Everything else (more
 output tiles per thread through UPCAST, more K tiles per loop step through UNROLL, LOCAL workgroups) composes with it.
+
+A core that rounds its inputs (`TensorCore.input_mantissa_bits`: TF32 on NVIDIA GPUs) is taken only with `TF32=1`;
+otherwise the TC opt skips it, as if the renderer did not have it, and float32 kernels stay exact.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lazygrad_uop.config import TF32
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -55,8 +59,15 @@ def coordinate(layout: Layout, dim: str, thread: UOp, register: int) -> UOp:
 
 
 def wmma_arg(tc: TensorCore) -> tuple:
-    """The arg of a WMMA UOp: (name, dims (N, M, K), dtype_in, dtype_out, threads, elements_per_thread, layout)."""
-    return (str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.elements_per_thread, tc.swizzle)
+    """The arg of a WMMA UOp: (name, dims (N, M, K), dtype_in, dtype_out, threads, elements_per_thread, layout), and
+    the core's `input_mantissa_bits` after them where it rounds its inputs (a TF32 core)."""
+    arg = (str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.elements_per_thread, tc.swizzle)
+    return arg if tc.input_mantissa_bits is None else (*arg, tc.input_mantissa_bits)
+
+
+def allowed(tc: TensorCore) -> bool:
+    """Whether the settings let kernels use `tc`: a core that rounds its inputs (TF32) only with `TF32=1`."""
+    return tc.input_mantissa_bits is None or bool(TF32)
 
 
 # *** matching a kernel ***
@@ -135,9 +146,11 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
         raise KernelOptError(f"{type(r).__name__} has no tensor cores")
     if not -1 <= select < len(cores):
         raise KernelOptError(f"tensor core {select} does not exist: the renderer has {len(cores)}")
+    if select != -1 and not allowed(cores[select]):
+        raise KernelOptError(f"tensor core {cores[select]} rounds float32 inputs to TF32: it needs the setting TF32=1")
     axis = opt.axis if opt.axis is not None else 0
     for tc in cores if select == -1 else (cores[select],):
-        if not tc.swizzle:
+        if not tc.swizzle or not allowed(tc):
             continue
         found = [mt for mt in matches(kernel, tc) if pad or _fits(kernel, mt, tc)]
         if axis >= len(found):

@@ -23,7 +23,9 @@ def _dtype_name(dt: DType) -> str:
 
 def _core(tc: TensorCore) -> str:
     n, m, k = tc.dims
-    return f"{m}x{n}x{k} {_dtype_name(tc.dtype_in)}->{_dtype_name(tc.dtype_out)}"
+    # a core that rounds its inputs (TF32) says so: it is used only with TF32=1
+    rounded = "" if tc.input_mantissa_bits is None else f" (rounded to {tc.input_mantissa_bits} mantissa bits, TF32=1)"
+    return f"{m}x{n}x{k} {_dtype_name(tc.dtype_in)}{rounded}->{_dtype_name(tc.dtype_out)}"
 
 
 def describe(info: DeviceInfo) -> list[str]:

@@ -15,8 +15,8 @@ What it adds to `CStyleLanguage`:
   `DYNAMIC_SHARED_SYMBOL`, which `CUDAProgram` reads to opt the kernel in to that much and to launch it with it;
 - 32-thread warps (`warp_size`): `SHUFFLE_XOR` as `__shfl_xor_sync` over the full warp, so grouped reductions combine
   within warps first;
-- `WMMA` as inline PTX `mma.sync.aligned.m16n8k16` or `m16n8k8` (fp16 or bf16 inputs, fp32 accumulate), see
-  `render_wmma`;
+- `WMMA` as inline PTX `mma.sync.aligned.m16n8k16` or `m16n8k8` (fp16 or bf16 inputs, fp32 accumulate), and
+  `m16n8k8` with float32 inputs rounded to TF32 by `cvt.rna.tf32.f32`, see `render_wmma`;
 - `THREEFRY` (Threefry-2x32, 20 rounds) as a device function.
 
 The walk over the linear program is the base class's (`CStyleLanguage.render`); this module holds only what CUDA
@@ -62,6 +62,14 @@ MMA_M16N8K8_LAYOUT = (
 """The fragment layouts of mma.sync.m16n8k16 and m16n8k8 (PTX ISA) in `TensorCore.swizzle` notation: lane r of each
 operand's vector is the instruction's register r, so a tensor core rendered with one must describe exactly it."""
 _MMA_LAYOUTS = {16: MMA_M16N8K16_LAYOUT, 8: MMA_M16N8K8_LAYOUT}
+MMA_M16N8K8_TF32_LAYOUT = (
+    (("k0", "k1", "m0", "m1", "m2"), ("m3", "k2")),
+    (("k0", "k1", "n0", "n1", "n2"), ("k2",)),
+    (("n1", "n2", "m0", "m1", "m2"), ("n0", "m3")),
+)
+"""The fragment layout of mma.sync.m16n8k8 with .tf32 inputs (PTX ISA): one 32-bit element per register."""
+# the mantissa bits cvt.rna.tf32.f32 keeps: a float32-input core must declare exactly this rounding
+TF32_MANTISSA_BITS = 10
 # the oldest architecture with the mma.sync shapes and types the renderer writes (bf16 and m16n8k16 need sm_80)
 OLDEST_TENSOR_CORE_ARCH = 80
 
@@ -84,10 +92,20 @@ def _compute_capability(arch: str) -> int:
 
 
 def mma_problem(
-    name: str, dims: tuple[int, ...], dtype_in: DType, dtype_out: DType, threads: int, layout: object
+    name: str,
+    dims: tuple[int, ...],
+    dtype_in: DType,
+    dtype_out: DType,
+    threads: int,
+    layout: object,
+    input_mantissa_bits: int | None = None,
 ) -> str | None:
     """None if the renderer writes the tensor core with these properties as one mma.sync, else why not."""
     n, m, k = dims
+    if dtype_in == dtypes.float32:
+        return _tf32_problem(name, dims, dtype_out, threads, layout, input_mantissa_bits)
+    if input_mantissa_bits is not None:
+        return f"tensor core {name}: the CUDA renderer rounds only float32 inputs (to TF32), not {dtype_in}"
     if (n, m) != (8, 16) or k not in _MMA_LAYOUTS or dtype_in not in _MMA_INPUTS or dtype_out != dtypes.float32:
         return (
             "the CUDA renderer writes mma.sync m16n8k16 and m16n8k8 with fp16/bf16 inputs and fp32 accumulate; "
@@ -97,6 +115,28 @@ def mma_problem(
         return (
             f"tensor core {name} has {threads} threads and layout {layout}, but mma.sync.m16n8k{k} is run by 32 "
             f"threads holding their operands as {_MMA_LAYOUTS[k]} (PTX ISA fragment layout)"
+        )
+    return None
+
+
+def _tf32_problem(
+    name: str, dims: tuple[int, ...], dtype_out: DType, threads: int, layout: object, input_mantissa_bits: int | None
+) -> str | None:
+    """None for mma.sync.m16n8k8 with .tf32 inputs as `render_wmma` writes it, else why not."""
+    if tuple(dims) != (8, 16, 8) or dtype_out != dtypes.float32 or threads != 32:
+        return (
+            f"tensor core {name}: float32 inputs run as mma.sync.m16n8k8 .tf32 (dims (N, M, K) (8, 16, 8), 32 "
+            f"threads, fp32 accumulate); got dims {tuple(dims)}, {threads} threads, -> {dtype_out}"
+        )
+    if input_mantissa_bits != TF32_MANTISSA_BITS:
+        return (
+            f"tensor core {name}: mma.sync rounds float32 inputs to TF32, so the description must say "
+            f"input_mantissa_bits={TF32_MANTISSA_BITS}, not {input_mantissa_bits}"
+        )
+    if layout and _as_tuples(layout) != MMA_M16N8K8_TF32_LAYOUT:
+        return (
+            f"tensor core {name} has layout {layout}, but mma.sync.m16n8k8 .tf32 holds its operands as "
+            f"{MMA_M16N8K8_TF32_LAYOUT} (PTX ISA fragment layout)"
         )
     return None
 
@@ -211,7 +251,7 @@ class CUDARenderer(CStyleLanguage):
         """None for the mma.sync shapes `render_wmma` writes, on sm_80 and later, else why not."""
         if _compute_capability(target) < OLDEST_TENSOR_CORE_ARCH:
             return f"the CUDA renderer's mma.sync tensor cores need sm_{OLDEST_TENSOR_CORE_ARCH} or later, not {target}"
-        return mma_problem(str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.swizzle)
+        return mma_problem(str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.swizzle, tc.input_mantissa_bits)
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -309,13 +349,19 @@ class CUDARenderer(CStyleLanguage):
         (8, 16, 16 or 8), fp16 or bf16 inputs, fp32 accumulator. Each thread passes its A fragment (K/2 values), B
         fragment (K/4) and C fragment (4) as vectors whose lanes are the instruction's registers in order (two 16-bit
         values packed per 32-bit register, the lower lane in the low half), so the tensor core's layout must be
-        `MMA_M16N8K16_LAYOUT` (or `MMA_M16N8K8_LAYOUT`).
+        `MMA_M16N8K16_LAYOUT` (or `MMA_M16N8K8_LAYOUT`). Float32 inputs (arg's eighth entry 10: rounded to TF32) run
+        as `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, each A and B value converted by `cvt.rna.tf32.f32`
+        (round to nearest, ties away from zero) first, so that the result does not depend on what the hardware does
+        with the low bits; the layout must be `MMA_M16N8K8_TF32_LAYOUT`.
         """
         arg = wmma.arg
         name, dims, dtype_in, dtype_out, threads = arg[:5]
         layout = arg[6] if len(arg) > 6 else ()
-        if (why := mma_problem(name, dims, dtype_in, dtype_out, threads, layout)) is not None:
+        mantissa = arg[7] if len(arg) > 7 else None
+        if (why := mma_problem(name, dims, dtype_in, dtype_out, threads, layout, mantissa)) is not None:
             raise NotImplementedError(why)
+        if dtype_in == dtypes.float32:
+            return self._render_tf32_mma(name)
         k = dims[2]
         fn = "lg_" + re.sub(r"\W", "_", str(name))
         ptx_in = _MMA_INPUTS[dtype_in]
@@ -333,6 +379,29 @@ class CUDARenderer(CStyleLanguage):
       "{{%0, %1, %2, %3}};"
       : "+f"(c.x), "+f"(c.y), "+f"(c.z), "+f"(c.w)
       : {", ".join(inputs)});
+  return c;
+}}"""
+        return fn, body
+
+    def _render_tf32_mma(self, name: str) -> tuple[str, str]:
+        """The device function of one mma.sync.m16n8k8 with .tf32 inputs: A's 4 and B's 2 floats rounded to TF32
+        (`cvt.rna.tf32.f32`, a .b32 register each), then multiplied into C's 4 floats."""
+        fn = "lg_" + re.sub(r"\W", "_", str(name))
+        a_regs = [f"ar{i}" for i in range(4)]
+        b_regs = [f"br{i}" for i in range(2)]
+        cvts = [
+            f'  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"({reg}) : "f"({src}.{LANES[i]}));'
+            for src, regs in (("a", a_regs), ("b", b_regs))
+            for i, reg in enumerate(regs)
+        ]
+        inputs = ", ".join(f'"r"({r})' for r in a_regs + b_regs)
+        body = f"""__device__ __forceinline__ float4 {fn}(float4 a, float2 b, float4 c) {{
+  unsigned int {", ".join(a_regs + b_regs)};
+{chr(10).join(cvts)}
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, "
+      "{{%0, %1, %2, %3}};"
+      : "+f"(c.x), "+f"(c.y), "+f"(c.z), "+f"(c.w)
+      : {inputs});
   return c;
 }}"""
         return fn, body
@@ -417,7 +486,8 @@ class CUDARenderer(CStyleLanguage):
             if u.op is Ops.WMMA:  # the helper takes and returns vectors the kernel may never name
                 k = u.arg[1][2]
                 for d in (u.arg[2].vec(k // 2), u.arg[2].vec(k // 4)):
-                    structs.setdefault(self.render_dtype(d), d)
+                    if self.render_dtype(d).startswith("lg_"):  # float4 and float2 (TF32) are CUDA's own
+                        structs.setdefault(self.render_dtype(d), d)
         for name, d in sorted(structs.items()):
             nbytes = d.scalar().itemsize * d.count
             align = f"__align__({nbytes}) " if _is_power_of_two(nbytes) and nbytes <= 16 else ""

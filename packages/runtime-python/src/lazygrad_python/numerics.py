@@ -94,6 +94,23 @@ def _norm_f16(values: Iterable[Any]) -> list[Any]:
         return [_round_f16(float(v)) for v in vals]
 
 
+def round_float32_mantissa(values: Sequence[float], bits: int) -> list[float]:
+    """float32 `values` rounded to `bits` explicit mantissa bits (0 to 22), to nearest with ties away from zero, the
+    exponent range kept: `bits=10` is NVIDIA's TF32 as `cvt.rna.tf32.f32` makes it. On the bits: half of the last kept
+    bit's weight is added to the magnitude and the dropped bits cleared, so a carry moves to the next binade (or past
+    the largest finite value to inf), subnormals round at the same bit position, and the sign is kept. inf and nan
+    are left as they are."""
+    if not 0 <= bits < 23:
+        raise ValueError(f"a float32 keeps 0 to 22 of its 23 mantissa bits when rounded, not {bits}")
+    drop = 23 - bits
+    half, keep = 1 << (drop - 1), ~((1 << drop) - 1) & 0xFFFFFFFF
+    raw = array("I", array("f", values).tobytes())
+    for i, u in enumerate(raw):
+        if u & 0x7F800000 != 0x7F800000:
+            raw[i] = (u + half) & keep
+    return list(array("f", raw.tobytes()))
+
+
 def _per_element(rounder: Callable[[float], float]) -> Normalizer:
     def norm(values: Iterable[Any]) -> list[Any]:
         return [rounder(float(v)) for v in values]

@@ -8,6 +8,11 @@ registers into C (M x N), and each thread gets back its registers of C + A @ B. 
 double precision and rounded to `dtype_out` once, as exact as a tensor core can be (hardware may round between
 partial sums, so results match it to within the output dtype's rounding).
 
+An arg with an eighth entry, `input_mantissa_bits` (`TensorCore.input_mantissa_bits`: 10 for NVIDIA's TF32), is a
+core that rounds its float32 inputs first: every A and B value is rounded to that many mantissa bits, to nearest with
+ties away from zero (`numerics.round_float32_mantissa`, as `cvt.rna.tf32.f32` does), before the products, which are
+then exact in double precision.
+
 The mapping is read from the layout here, independently of the code generator, so running a matmul through it checks
 that codegen placed every element where the description says.
 """
@@ -17,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lazygrad_python.numerics import normalizer
+from lazygrad_python.numerics import normalizer, round_float32_mantissa
+from lazygrad_uop.dtype import dtypes
 
 
 class TensorCoreLayoutError(ValueError):
@@ -49,12 +55,18 @@ def wmma_function(arg: tuple[Any, ...]) -> Callable[[list[Any], list[Any], list[
     """The function of one WMMA instruction over a warp: per-thread register tuples of A, B and C in, of the result
     out. The warp's width must be a multiple of the instruction's thread count."""
     try:
-        _name, (n, m, k), _dtype_in, dtype_out, threads, (per_a, per_b, per_c), (lay_a, lay_b, lay_c) = arg
+        _name, (n, m, k), dtype_in, dtype_out, threads, (per_a, per_b, per_c), (lay_a, lay_b, lay_c) = arg[:7]
+        if len(arg) > 8:
+            raise ValueError
     except (TypeError, ValueError):
         raise TensorCoreLayoutError(
             "a WMMA arg is (name, (N, M, K), dtype_in, dtype_out, threads, (A, B, C elements per thread), "
-            f"(layout_A, layout_B, layout_C)), got {arg!r}"
+            f"(layout_A, layout_B, layout_C)[, input mantissa bits]), got {arg!r}"
         ) from None
+    mantissa = arg[7] if len(arg) == 8 else None
+    if mantissa is not None and dtype_in != dtypes.float32:
+        raise ValueError(f"a WMMA that rounds its inputs to {mantissa} mantissa bits takes float32, not {dtype_in}")
+    round_in = (lambda regs: regs) if mantissa is None else (lambda regs: round_float32_mantissa(regs, mantissa))
     coords_a = _coords(lay_a, "mk", threads, per_a)
     coords_b = _coords(lay_b, "kn", threads, per_b)
     coords_c = _coords(lay_c, "mn", threads, per_c)
@@ -80,8 +92,8 @@ def wmma_function(arg: tuple[Any, ...]) -> Callable[[list[Any], list[Any], list[
             raise ValueError(f"a WMMA of {threads} threads needs a warp of a multiple of {threads}, got {width}")
         out: list[Any] = [None] * width
         for g in range(0, width, threads):
-            a = gather(a_regs[g : g + threads], coords_a, m, k, "A")
-            b = gather(b_regs[g : g + threads], coords_b, k, n, "B")
+            a = gather([round_in(r) for r in a_regs[g : g + threads]], coords_a, m, k, "A")
+            b = gather([round_in(r) for r in b_regs[g : g + threads]], coords_b, k, n, "B")
             c = gather(c_regs[g : g + threads], coords_c, m, n, "C")
             d = [[c[i][j] + sum(a[i][q] * b[q][j] for q in range(k)) for j in range(n)] for i in range(m)]
             for t in range(threads):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lazygrad_uop.config import DISABLE_COMPILER_CACHE
 from lazygrad_uop.diskcache import diskcache_get, diskcache_put
-from lazygrad_uop.dtype import DType
+from lazygrad_uop.dtype import DType, dtypes
 
 if TYPE_CHECKING:
     from lazygrad_uop.uop import UOp
@@ -432,6 +432,12 @@ class TensorCore:
     The code generator (lazygrad_codegen) and the PYTHON device's emulation read only this layout.
 
     `opts` is free-form text a device package may attach for its own renderer; the generic code generator ignores it.
+
+    `input_mantissa_bits`, when set, says the core multiplies its inputs rounded to that many explicit mantissa bits
+    (round to nearest, ties away from zero; the exponent range of `dtype_in` is kept), not at the full precision of
+    `dtype_in`: NVIDIA's TF32 cores take float32 inputs rounded to 10 bits. Such a core computes less exactly than the
+    kernel it replaces asks for, so codegen uses it only where the `TF32` setting allows (`lazygrad_uop.config.TF32`);
+    the PYTHON device emulates the rounding.
     """
 
     dims: tuple[int, int, int]  # (N, M, K)
@@ -441,6 +447,7 @@ class TensorCore:
     dtype_out: DType
     opts: tuple[str, ...] = ()
     swizzle: tuple[Any, ...] = ()
+    input_mantissa_bits: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.dims) != 3 or any(not isinstance(d, int) or d <= 0 for d in self.dims):
@@ -449,6 +456,14 @@ class TensorCore:
             raise ValueError(f"tensor core threads must be positive, got {self.threads}")
         if len(self.elements_per_thread) != 3:
             raise ValueError(f"elements_per_thread must be (A, B, C), got {self.elements_per_thread!r}")
+        bits = self.input_mantissa_bits
+        if bits is not None:
+            full = dtypes.finfo(self.dtype_in)[1] if dtypes.is_float(self.dtype_in) else 0
+            if not (isinstance(bits, int) and not isinstance(bits, bool) and 0 <= bits < full):
+                raise ValueError(
+                    f"tensor core input_mantissa_bits rounds float inputs to fewer mantissa bits than their dtype "
+                    f"holds: None or an int from 0 to {full - 1} for {self.dtype_in}, got {bits!r}"
+                )
         if self.swizzle:
             self._check_layout()
             return
@@ -497,7 +512,8 @@ class TensorCore:
             raise ValueError(f"tensor core {self}: C can't be replicated over threads (a thread bit of C is '')")
 
     def __str__(self) -> str:
-        return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, self.dtype_out.name])
+        rounded = [] if self.input_mantissa_bits is None else [f"m{self.input_mantissa_bits}"]
+        return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, *rounded, self.dtype_out.name])
 
 
 @dataclass(frozen=True, eq=False)

@@ -162,7 +162,8 @@ OP_DOCS: dict[Ops, str] = {
     Ops.VECTORIZE: "src: scalars that form one vector value",
     Ops.GEP: "src=(vector,); arg=tuple of lane numbers",
     Ops.WMMA: "src=(A, B, C) vectors; arg=(name, (N, M, K), dtype_in, dtype_out, threads,"
-    " (A, B, C elements per thread), layout): one tensor-core instruction, laid out as TensorCore.swizzle says",
+    " (A, B, C elements per thread), layout[, input mantissa bits]): one tensor-core instruction, laid out as"
+    " TensorCore.swizzle says; the eighth entry, where there is one, is TensorCore.input_mantissa_bits",
     Ops.SHUFFLE_XOR: "src=(x,) a scalar; arg=offset, a power of two below the renderer's warp_size: the value of x in"
     " the thread of the same warp whose lane is this thread's lane XOR offset (lane: the thread's linear index in its"
     " workgroup, x fastest, modulo warp_size); every thread of the warp runs it together, none masked off"
