@@ -15,6 +15,11 @@ For each model:
 - peak memory: the most device memory held during the model's run (lazygrad's buffers; torch's allocator on a GPU,
   not measured on the CPU).
 
+On a GPU each model runs lazygrad with the `TF32` setting that torch's own flag for the ops it is made of has, as set
+(torch's defaults: `torch.backends.cudnn.allow_tf32` True, so ResNet-18's convolutions run on TF32 tensor cores in both;
+`torch.backends.cuda.matmul.allow_tf32` False, so the matmuls of MiniLM, GPT-2 and BERT stay float32 in both); the
+settings used are printed under the table.
+
     python benchmarks/models.py                  # every model, CPU-sized inputs
     DEV=CUDA python benchmarks/models.py         # on the GPU, standard sizes, torch on the same GPU
     python benchmarks/models.py --models gpt2 --tokens 64
@@ -37,7 +42,7 @@ os.environ.setdefault("CACHEDIR", tempfile.mkdtemp(prefix="lazygrad-bench-"))
 import numpy as np
 from example_modules import example
 
-from lazygrad import Tensor
+from lazygrad import Context, Tensor
 from lazygrad.engine import CompiledRunner
 from lazygrad_uop.device import MemoryUse
 from lazygrad_uop.registry import Device
@@ -330,6 +335,20 @@ def random_bert_checkpoint(cfg: Any, rng: np.random.Generator) -> dict[str, np.n
 
 
 MODELS = {"minilm": minilm, "gpt2": gpt2, "resnet": resnet, "bert": bert}
+# the models whose compute is convolutions (torch runs them through cuDNN); the others' is matmuls (cuBLAS)
+CONVOLUTION_MODELS = {"resnet"}
+
+
+def torch_tf32(name: str) -> bool:
+    """Whether torch may use TF32 for the ops model `name` is made of: cuDNN's flag for convolutions, the matmul flag
+    for the others, as they are set."""
+    import torch
+
+    if name in CONVOLUTION_MODELS:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 # (CPU, GPU) defaults of the sizes: the GPU's are the standard ones
 SIZES = {
     "sentences": (16, 64),
@@ -364,7 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         sys.exit("benchmarks/models.py compares with torch eager: pip install torch")
     torch.manual_seed(0)
-    rows = [MODELS[name](args) for name in args.models]
+    rows = []
+    for name in args.models:
+        if on_gpu():
+            # lazygrad's float32 on TF32 tensor cores exactly where torch's is
+            with Context(TF32=int(torch_tf32(name))):
+                rows.append({**MODELS[name](args), "tf32": torch_tf32(name)})
+        else:
+            rows.append(MODELS[name](args))
     where = f"{Device.DEFAULT}, torch on {torch_device()}"
     if torch_device() == "cuda":
         where += f" ({torch.cuda.get_device_name()})"
@@ -379,6 +405,12 @@ def main(argv: list[str] | None = None) -> None:
         kernels = f"{r['kernels'][0]} / {r['kernels'][1]}"
         memory = f"{_mb(r['memory'][0])} / {_mb(r['memory'][1])}"
         print(f"{r['model']:44s} {first:>30s} {steady:>26s} {s_t / s_lg:9.2f} {kernels:>19s} {memory:>20s}")
+    if on_gpu():
+        print(
+            f"TF32: torch cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, "
+            f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}; lazygrad TF32="
+            + ", ".join(f"{int(r['tf32'])} ({r['model'].split(',')[0]})" for r in rows)
+        )
     for r in rows:
         if "hf" in r:
             hf = r["hf"]

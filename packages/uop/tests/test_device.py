@@ -360,3 +360,15 @@ def test_tensor_core_description() -> None:
 def test_tensor_core_shapes_must_agree(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TensorCore(**{**MMA, **change}, dtype_in=dtypes.half, dtype_out=dtypes.float, opts=())
+
+
+def test_a_tensor_core_that_rounds_its_inputs() -> None:
+    # TF32: float32 inputs rounded to 10 of their 23 mantissa bits; a different core from an exact float32 one
+    tf32 = TensorCore((8, 16, 8), 32, (4, 2, 4), dtypes.float, dtypes.float, input_mantissa_bits=10)
+    exact = TensorCore((8, 16, 8), 32, (4, 2, 4), dtypes.float, dtypes.float)
+    assert tf32 != exact and str(tf32) != str(exact) and "m10" in str(tf32)
+    for bad, dtype_in in ((23, dtypes.float), (-1, dtypes.float), (True, dtypes.float), (10, dtypes.half)):
+        with pytest.raises(ValueError, match="input_mantissa_bits"):
+            TensorCore((8, 16, 8), 32, (4, 2, 4), dtype_in, dtypes.float, input_mantissa_bits=bad)
+    with pytest.raises(ValueError, match="is no float"):
+        TensorCore((8, 16, 8), 32, (4, 2, 4), dtypes.int8, dtypes.int32, input_mantissa_bits=0)

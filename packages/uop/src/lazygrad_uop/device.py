@@ -458,7 +458,9 @@ class TensorCore:
             raise ValueError(f"elements_per_thread must be (A, B, C), got {self.elements_per_thread!r}")
         bits = self.input_mantissa_bits
         if bits is not None:
-            full = dtypes.finfo(self.dtype_in)[1] if dtypes.is_float(self.dtype_in) else 0
+            if not dtypes.is_float(self.dtype_in):
+                raise ValueError(f"tensor core input_mantissa_bits rounds float inputs; {self.dtype_in} is no float")
+            full = dtypes.finfo(self.dtype_in)[1]
             if not (isinstance(bits, int) and not isinstance(bits, bool) and 0 <= bits < full):
                 raise ValueError(
                     f"tensor core input_mantissa_bits rounds float inputs to fewer mantissa bits than their dtype "
