@@ -738,3 +738,20 @@ def test_tensor_core_fragments_read_local_memory_without_bank_conflicts(monkeypa
     # without the padding of the rows, the fragments of A (8 rows of 64 bytes) and B collide
     monkeypatch.setattr(staging, "PAD_FROM_BYTES", 1 << 30)
     assert _worst_bank_conflict(get_program(ast, renderer)) > 1
+
+
+def test_tf32_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
+    from lazygrad_uop.config import Context
+
+    cuda = pytest.importorskip("lazygrad_cuda.renderer")
+    renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
+    ast = bmm_ast(1, 4096, 4096, 4096, dtypes.float32)
+    with Context(TF32=1):
+        spec = get_program(ast, renderer)
+        # 4-byte fragments: one plain load per register, no ldmatrix (it moves 16-bit elements)
+        assert Ops.WMMA in _ops(spec) and Ops.LDMATRIX not in _ops(spec)
+        assert _worst_bank_conflict(spec) == 1
+        # 16 bytes of padding, as for 16-bit elements: B's fragment (8 columns of 4 rows of 128 floats) meets 2 rows
+        # to a bank
+        monkeypatch.setattr(staging, "_fragment_padding", lambda *args: staging.COPY_BYTES // 4)
+        assert _worst_bank_conflict(get_program(ast, renderer)) == 2

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
+from lazygrad_codegen.tensor_cores import layouts
 from lazygrad_codegen.vectors import gep, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
@@ -212,7 +213,7 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
     # a slot per stage, at least two (one being read while the next is written)
     slots = max(2, k.stages if stages is None else stages) if k.axes(AxisType.REDUCE) else 1
     out = []
-    for load in staged_loads(k):
+    for operand, load in enumerate(staged_loads(k)):
         read = _read_axes(k, load, axes_read(load, k))
         axes = [a for a in range(k.rank) if k.axis_types[a] in TILE_TYPES and a in read]
         sizes = {a: int(k.full_shape[a]) for a in axes}
@@ -235,13 +236,9 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
         row = math.prod(sizes[a] for a in layout[len(layout) - inner :])
         item = load.dtype.itemsize
         pad = COPY_BYTES // item if inner < len(layout) and row * item >= PAD_FROM_BYTES else 0
-        local: dict[int, int] = {}
-        stride = 1
-        for n, a in enumerate(reversed(layout)):
-            if n == inner:
-                stride = row + pad
-            local[a] = stride
-            stride *= sizes[a]
+        if pad and k.tensor_core is not None and item == 4:
+            pad = _fragment_padding(k, operand, layout, sizes, inner, row)
+        local, stride = _local_strides(layout, sizes, inner, row + pad)
         tile = math.prod(sizes.values())
         slot = stride if axes else 1
         vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
@@ -253,6 +250,46 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
         )
         out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
     return out
+
+
+def _local_strides(layout: list[int], sizes: dict[int, int], inner: int, padded_row: int) -> tuple[dict[int, int], int]:
+    """The stride in the local buffer of each axis of `layout` (outermost first), and the elements of the whole
+    buffer: packed, but the axes outside the innermost `inner` ones step by whole rows of `padded_row` elements."""
+    local: dict[int, int] = {}
+    stride = 1
+    for n, a in enumerate(reversed(layout)):
+        if n == inner:
+            stride = padded_row
+        local[a] = stride
+        stride *= sizes[a]
+    return local, stride
+
+
+def _fragment_padding(k: Kernel, operand: int, layout: list[int], sizes: dict[int, int], inner: int, row: int) -> int:
+    """The padding (elements) after each `row` of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements, whose
+    fragments are read by one plain load per register (ldmatrix moves 16-bit elements): the multiple of COPY_BYTES up to
+    128 bytes under which the 32 lanes of one register's read hit the fewest distinct words in one bank, the smallest
+    of those. TF32's B fragment (8 columns by 4 rows) needs rows 8 banks apart, which 16 bytes of padding on a row of
+    128 floats does not give (2 rows share each bank); convolutions' A fragments met 4 to a bank."""
+    tc = k.tensor_core
+    assert tc is not None
+    lay = layouts(tc)[operand]
+    dims = {AxisType.TC_M: "m", AxisType.TC_N: "n", AxisType.TC_K: "k"}
+    tc_axes = [a for a in layout if k.axis_types[a] in dims]
+
+    def conflicts(pad: int) -> int:
+        local, _ = _local_strides(layout, sizes, inner, row + pad)
+        worst = 1
+        for register in range(tc.elements_per_thread[operand]):
+            words: dict[int, set[int]] = {}
+            for lane in range(tc.threads):
+                word = sum(_coordinate(lay, dims[k.axis_types[a]], lane, register) * local[a] for a in tc_axes)
+                words.setdefault(word % 32, set()).add(word)
+            worst = max(worst, *(len(w) for w in words.values()))
+        return worst
+
+    step = COPY_BYTES // 4
+    return min(range(step, 32 + 1, step), key=lambda pad: (conflicts(pad), pad))
 
 
 def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -> bool:
