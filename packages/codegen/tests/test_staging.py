@@ -751,7 +751,12 @@ def test_tf32_fragments_read_local_memory_without_bank_conflicts(monkeypatch) ->
         # 4-byte fragments: one plain load per register, no ldmatrix (it moves 16-bit elements)
         assert Ops.WMMA in _ops(spec) and Ops.LDMATRIX not in _ops(spec)
         assert _worst_bank_conflict(spec) == 1
-        # 16 bytes of padding, as for 16-bit elements: B's fragment (8 columns of 4 rows of 128 floats) meets 2 rows
-        # to a bank
-        monkeypatch.setattr(staging, "_fragment_padding", lambda *args: staging.COPY_BYTES // 4)
+        # ResNet-18's 3x3 convolution at batch 64: its fragments of A met 4 to a bank in the copy's order
+        conv_spec = get_program(conv(64, 64, 64, 56, dtypes.float32).ast, renderer)
+        assert Ops.WMMA in _ops(conv_spec) and _worst_bank_conflict(conv_spec) == 1
+        # the copy's order with 16 bytes of padding, as for 16-bit elements: B's fragment (8 columns of 4 rows of 128
+        # floats) meets 2 rows to a bank
+        monkeypatch.setattr(
+            staging, "_fragment_layout", lambda k, op, copy, *args: (list(copy), staging.COPY_BYTES // 4)
+        )
         assert _worst_bank_conflict(get_program(ast, renderer)) == 2

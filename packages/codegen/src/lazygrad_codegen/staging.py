@@ -227,27 +227,18 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
             layout = [a for a in axes if k.axis_types[a] in REDUCE_TYPES] + [
                 a for a in axes if k.axis_types[a] not in REDUCE_TYPES
             ]
-        # rows: the innermost run of the layout's axes on the same side of the reduction
-        inner = 0
-        while inner < len(layout) and (k.axis_types[layout[-1 - inner]] in REDUCE_TYPES) == (
-            k.axis_types[layout[-1]] in REDUCE_TYPES
-        ):
-            inner += 1
-        row = math.prod(sizes[a] for a in layout[len(layout) - inner :])
         item = load.dtype.itemsize
-        pad = COPY_BYTES // item if inner < len(layout) and row * item >= PAD_FROM_BYTES else 0
-        if pad and k.tensor_core is not None and item == 4:
-            pad = _fragment_padding(k, operand, layout, sizes, inner, row)
+        vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
+        if k.tensor_core is not None and item == 4:
+            layout, pad = _fragment_layout(k, operand, copy, sizes, vector)
+        else:
+            inner, row = _row(k, layout, sizes)
+            pad = COPY_BYTES // item if inner < len(layout) and row * item >= PAD_FROM_BYTES else 0
+        inner, row = _row(k, layout, sizes)
         local, stride = _local_strides(layout, sizes, inner, row + pad)
         tile = math.prod(sizes.values())
         slot = stride if axes else 1
-        vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
-        # one vector store needs the copy's elements to be neighbours in the buffer, at an aligned index
-        store_vector = vector > 1 and (
-            local.get(copy[-1]) == 1
-            and not any(s % vector for a, s in local.items() if a != copy[-1])
-            and slot % vector == 0
-        )
+        store_vector = _store_vector(local, copy, vector, slot)
         out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
     return out
 
@@ -265,31 +256,81 @@ def _local_strides(layout: list[int], sizes: dict[int, int], inner: int, padded_
     return local, stride
 
 
-def _fragment_padding(k: Kernel, operand: int, layout: list[int], sizes: dict[int, int], inner: int, row: int) -> int:
-    """The padding (elements) after each `row` of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements, whose
-    fragments are read by one plain load per register (ldmatrix moves 16-bit elements): the multiple of COPY_BYTES up to
-    128 bytes under which the 32 lanes of one register's read hit the fewest distinct words in one bank, the smallest
-    of those. TF32's B fragment (8 columns by 4 rows) needs rows 8 banks apart, which 16 bytes of padding on a row of
-    128 floats does not give (2 rows share each bank); convolutions' A fragments met 4 to a bank."""
+def _row(k: Kernel, layout: list[int], sizes: dict[int, int]) -> tuple[int, int]:
+    """The rows of a local buffer laid out as `layout` (outermost first): how many of its innermost axes are on the
+    same side of the reduction (all reduce axes, or none), and the elements of that run."""
+    inner = 0
+    while inner < len(layout) and (k.axis_types[layout[-1 - inner]] in REDUCE_TYPES) == (
+        k.axis_types[layout[-1]] in REDUCE_TYPES
+    ):
+        inner += 1
+    return inner, math.prod(sizes[a] for a in layout[len(layout) - inner :])
+
+
+def _store_vector(local: dict[int, int], copy: list[int], vector: int, slot: int) -> bool:
+    """Whether a copy of `vector` elements along the innermost copy axis is one vector store into the buffer: its
+    elements neighbours in the buffer, at an aligned index."""
+    return vector > 1 and (
+        local.get(copy[-1]) == 1
+        and not any(s % vector for a, s in local.items() if a != copy[-1])
+        and slot % vector == 0
+    )
+
+
+def _fragment_layout(
+    k: Kernel, operand: int, copy: list[int], sizes: dict[int, int], vector: int
+) -> tuple[list[int], int]:
+    """The layout and row padding (elements) of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements, whose
+    fragments are read by one plain load per register (ldmatrix moves 16-bit elements): of the copy's order and that
+    order with the tensor-core axes last in each run of axes on one side of the reduction, and with them last of all,
+    each row padded by a multiple of
+    COPY_BYTES up to 128 bytes (where rows are padded at all), the one under which the 32 lanes of one register's read
+    meet the fewest distinct words in one bank, keeping the copies' vector stores where the copy's order has them;
+    the copy's order and the least padding on a tie.
+    TF32's fragments are 8 by 4 elements: B's (8 columns of 4 rows of 128 floats) need rows 8 banks apart, which 16
+    bytes of padding does not give; a convolution's A, with its TC_K axis at stride 2 inside a row and TC_M outside an
+    UPCAST, met 4 to a bank in the copy's order at any padding."""
     tc = k.tensor_core
     assert tc is not None
     lay = layouts(tc)[operand]
     dims = {AxisType.TC_M: "m", AxisType.TC_N: "n", AxisType.TC_K: "k"}
-    tc_axes = [a for a in layout if k.axis_types[a] in dims]
 
-    def conflicts(pad: int) -> int:
-        local, _ = _local_strides(layout, sizes, inner, row + pad)
+    def conflicts(local: dict[int, int]) -> int:
         worst = 1
         for register in range(tc.elements_per_thread[operand]):
             words: dict[int, set[int]] = {}
             for lane in range(tc.threads):
-                word = sum(_coordinate(lay, dims[k.axis_types[a]], lane, register) * local[a] for a in tc_axes)
+                word = sum(
+                    _coordinate(lay, dims[k.axis_types[a]], lane, register) * s
+                    for a, s in local.items()
+                    if k.axis_types[a] in dims
+                )
                 words.setdefault(word % 32, set()).add(word)
             worst = max(worst, *(len(w) for w in words.values()))
         return worst
 
     step = COPY_BYTES // 4
-    return min(range(step, 32 + 1, step), key=lambda pad: (conflicts(pad), pad))
+    best: tuple[tuple[bool, int, int, int], list[int], int] | None = None
+    # the copy's order; the tensor-core axes last in each run of axes on one side of the reduction; last of all
+    runs: list[list[int]] = []
+    for a in copy:
+        if runs and (k.axis_types[a] in REDUCE_TYPES) == (k.axis_types[runs[-1][-1]] in REDUCE_TYPES):
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    last = [a for run in runs for a in sorted(run, key=lambda a: k.axis_types[a] in dims)]
+    candidates = (copy, last, sorted(copy, key=lambda a: k.axis_types[a] in dims))
+    for n, layout in enumerate(dict.fromkeys(tuple(c) for c in candidates)):
+        inner, row = _row(k, list(layout), sizes)
+        padded = inner < len(layout) and row * 4 >= PAD_FROM_BYTES
+        for pad in range(step, 32 + 1, step) if padded else (0,):
+            local, stride = _local_strides(list(layout), sizes, inner, row + pad)
+            keeps = _store_vector(local, copy, vector, stride) or n == 0 or vector == 1
+            score = (not keeps, conflicts(local), pad, n)
+            if best is None or score < best[0]:
+                best = (score, list(layout), pad)
+    assert best is not None
+    return best[1], best[2]
 
 
 def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -> bool:
