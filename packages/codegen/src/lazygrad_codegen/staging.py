@@ -283,13 +283,13 @@ def _fragment_layout(
     """The layout and row padding (elements) of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements, whose
     fragments are read by one plain load per register (ldmatrix moves 16-bit elements): of the copy's order and that
     order with the tensor-core axes last in each run of axes on one side of the reduction, and with them last of all,
-    each row padded by a multiple of
-    COPY_BYTES up to 128 bytes (where rows are padded at all), the one under which the 32 lanes of one register's read
-    meet the fewest distinct words in one bank, keeping the copies' vector stores where the copy's order has them;
-    the copy's order and the least padding on a tie.
+    each row padded by a multiple of COPY_BYTES up to 128 bytes (rows shorter than PAD_FROM_BYTES by none too), the
+    one under which the 32 lanes of one register's read meet the fewest distinct words in one bank, keeping the copies'
+    vector stores where the copy's order has them; the copy's order and the least padding on a tie.
     TF32's fragments are 8 by 4 elements: B's (8 columns of 4 rows of 128 floats) need rows 8 banks apart, which 16
-    bytes of padding does not give; a convolution's A, with its TC_K axis at stride 2 inside a row and TC_M outside an
-    UPCAST, met 4 to a bank in the copy's order at any padding."""
+    bytes of padding does not give; A's rows of 8 floats (a reduction step of one TC_K) put rows g and g + 4 in one
+    bank unpadded; a convolution's A with its TC_K axis at stride 2 inside a row and TC_M outside an UPCAST met 4 to
+    a bank in the copy's order at any padding."""
     tc = k.tensor_core
     assert tc is not None
     lay = layouts(tc)[operand]
@@ -322,8 +322,9 @@ def _fragment_layout(
     candidates = (copy, last, sorted(copy, key=lambda a: k.axis_types[a] in dims))
     for n, layout in enumerate(dict.fromkeys(tuple(c) for c in candidates)):
         inner, row = _row(k, list(layout), sizes)
-        padded = inner < len(layout) and row * 4 >= PAD_FROM_BYTES
-        for pad in range(step, 32 + 1, step) if padded else (0,):
+        # rows the general rule pads (PAD_FROM_BYTES) keep some padding; shorter ones take it only where it pays
+        least = step if row * 4 >= PAD_FROM_BYTES else 0
+        for pad in range(least, 32 + 1, step) if inner < len(layout) else (0,):
             local, stride = _local_strides(list(layout), sizes, inner, row + pad)
             keeps = _store_vector(local, copy, vector, stride) or n == 0 or vector == 1
             score = (not keeps, conflicts(local), pad, n)
