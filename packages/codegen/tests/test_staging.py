@@ -692,23 +692,29 @@ def test_stem_like_convolution_passes_match_torch(emulated_gpu, dtype: DType) ->
 
 
 def _worst_bank_conflict(spec) -> int:
-    """The most distinct 4-byte words any of 32 banks serves for one warp (lidx0 = lane 0..31, everything else 0)
-    over the local-memory reads of 4 bytes or less in `spec`: 1 means conflict-free."""
+    """The most distinct 4-byte words any of 32 banks serves at once for one warp (lidx0 = lane 0..31, everything else
+    0) over the local-memory reads in `spec`: 1 means conflict-free. A read of 8 or 16 bytes per lane is served for
+    128 bytes of lanes at a time (16 or 8 lanes)."""
     worst = 1
     for u in spec.uops:
         if u.op is Ops.LDMATRIX:
             worst = max(worst, _ldmatrix_bank_conflict(u))
             continue
-        if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL or u.dtype.itemsize > 4:
+        if u.op is not Ops.LOAD or u.src[0].src[0].op is not Ops.DEFINE_LOCAL:
             continue
         idx = u.src[0].src[1]
         env = {n: 0 for n in idx.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)}
-        words: dict[int, set[int]] = {}
+        width = max(1, u.dtype.itemsize // 4)
+        starts = []
         for lane in range(32):
             env.update({n: lane for n in env if n.op is Ops.SPECIAL and n.arg[0] == "lidx0"})
-            word = sym_infer(idx, env) * u.src[0].src[0].dtype.base.itemsize // 4
-            words.setdefault(word % 32, set()).add(word)
-        worst = max(worst, *(len(w) for w in words.values()))
+            starts.append(sym_infer(idx, env) * u.src[0].src[0].dtype.base.itemsize // 4)
+        for first in range(0, 32, 32 // width):
+            words: dict[int, set[int]] = {}
+            for start in starts[first : first + 32 // width]:
+                for word in range(start, start + width):
+                    words.setdefault(word % 32, set()).add(word)
+            worst = max(worst, *(len(w) for w in words.values()))
     return worst
 
 
@@ -754,9 +760,45 @@ def test_tf32_fragments_read_local_memory_without_bank_conflicts(monkeypatch) ->
         # ResNet-18's 3x3 convolution at batch 64: its fragments of A met 4 to a bank in the copy's order
         conv_spec = get_program(conv(64, 64, 64, 56, dtypes.float32).ast, renderer)
         assert Ops.WMMA in _ops(conv_spec) and _worst_bank_conflict(conv_spec) == 1
+
         # the copy's order with 16 bytes of padding, as for 16-bit elements: B's fragment (8 columns of 4 rows of 128
         # floats) meets 2 rows to a bank
-        monkeypatch.setattr(
-            staging, "_fragment_layout", lambda k, op, copy, *args: (list(copy), staging.COPY_BYTES // 4)
-        )
+        def copy_order(k, operand, copy, sizes, vector):
+            return list(copy), {staging._row(k, list(copy), sizes)[0]: staging.COPY_BYTES // 4}
+
+        monkeypatch.setattr(staging, "_fragment_layout", copy_order)
         assert _worst_bank_conflict(get_program(ast, renderer)) == 2
+
+
+def test_tf32_weight_gradient_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
+    """ResNet-18's 3x3 weight gradient (64 channels, 56x56, batch 64): its A fragments are float2 reads with TC_K
+    128 floats apart, 4 to a bank in every layout until that stride is padded."""
+    pytest.importorskip("lazygrad")
+    cuda = pytest.importorskip("lazygrad_cuda.renderer")
+    from lazygrad import Tensor
+    from lazygrad_uop.config import Context
+    from lazygrad_uop.registry import Device
+
+    renderer = cuda.CUDARenderer("sm_80", cuda_cores.TENSOR_CORES["sm_80"])
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    dev.use_renderer(renderer)  # the frontend splits the weight gradient for the renderer's compute units
+    try:
+        with Context(TF32=1):
+            x = Tensor.empty(64, 64, 56, 56, device="PYTHON").requires_grad_()
+            w = Tensor.empty(64, 64, 3, 3, device="PYTHON").requires_grad_()
+            (dw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(64, 64, 56, 56, device="PYTHON"))
+            parts = dw.schedule()[0].ast
+            spec = get_program(parts, renderer)
+            assert Ops.WMMA in _ops(spec) and _worst_bank_conflict(spec) == 1
+            unpadded = staging._fragment_layout
+
+            def rows_only(k, operand, copy, sizes, vector):
+                layout, pads = unpadded(k, operand, copy, sizes, vector)
+                inner = staging._row(k, layout, sizes)[0]
+                return layout, {n: p for n, p in pads.items() if n == inner}
+
+            monkeypatch.setattr(staging, "_fragment_layout", rows_only)
+            assert _worst_bank_conflict(get_program(parts, renderer)) == 4
+    finally:
+        dev.use_renderer(before)

@@ -230,12 +230,11 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
         item = load.dtype.itemsize
         vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
         if k.tensor_core is not None and item == 4:
-            layout, pad = _fragment_layout(k, operand, copy, sizes, vector)
+            layout, pads = _fragment_layout(k, operand, copy, sizes, vector)
         else:
             inner, row = _row(k, layout, sizes)
-            pad = COPY_BYTES // item if inner < len(layout) and row * item >= PAD_FROM_BYTES else 0
-        inner, row = _row(k, layout, sizes)
-        local, stride = _local_strides(layout, sizes, inner, row + pad)
+            pads = {inner: COPY_BYTES // item} if inner < len(layout) and row * item >= PAD_FROM_BYTES else {}
+        local, stride = _local_strides(layout, sizes, pads)
         tile = math.prod(sizes.values())
         slot = stride if axes else 1
         store_vector = _store_vector(local, copy, vector, slot)
@@ -243,14 +242,14 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
     return out
 
 
-def _local_strides(layout: list[int], sizes: dict[int, int], inner: int, padded_row: int) -> tuple[dict[int, int], int]:
+def _local_strides(layout: list[int], sizes: dict[int, int], pads: dict[int, int]) -> tuple[dict[int, int], int]:
     """The stride in the local buffer of each axis of `layout` (outermost first), and the elements of the whole
-    buffer: packed, but the axes outside the innermost `inner` ones step by whole rows of `padded_row` elements."""
+    buffer: packed, but the stride of the axis `n` places from the innermost is `pads[n]` elements longer (padding
+    after each of its steps; `n` the row length `_row` gives pads the rows)."""
     local: dict[int, int] = {}
     stride = 1
     for n, a in enumerate(reversed(layout)):
-        if n == inner:
-            stride = padded_row
+        stride += pads.get(n, 0)
         local[a] = stride
         stride *= sizes[a]
     return local, stride
@@ -279,38 +278,52 @@ def _store_vector(local: dict[int, int], copy: list[int], vector: int, slot: int
 
 def _fragment_layout(
     k: Kernel, operand: int, copy: list[int], sizes: dict[int, int], vector: int
-) -> tuple[list[int], int]:
-    """The layout and row padding (elements) of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements, whose
-    fragments are read by one plain load per register (ldmatrix moves 16-bit elements): of the copy's order and that
-    order with the tensor-core axes last in each run of axes on one side of the reduction, and with them last of all,
-    each row padded by a multiple of COPY_BYTES up to 128 bytes (rows shorter than PAD_FROM_BYTES by none too), the
-    one under which the 32 lanes of one register's read meet the fewest distinct words in one bank, keeping the copies'
-    vector stores where the copy's order has them; the copy's order and the least padding on a tie.
+) -> tuple[list[int], dict[int, int]]:
+    """The layout and paddings (`_local_strides`) of tensor-core operand `operand` (0: A, 1: B) of 4-byte elements,
+    whose fragments are read by plain loads (ldmatrix moves 16-bit elements): of the copy's order, that order with the
+    tensor-core axes last in each run of axes on one side of the reduction, and with them last of all, each row padded
+    by a multiple of COPY_BYTES up to 128 bytes (rows shorter than PAD_FROM_BYTES by none too), the one under which
+    the warp's read of one register meets the fewest distinct words in one bank, keeping the copies' vector stores
+    where the copy's order has them; the copy's order and the least padding on a tie. Where reads still meet in a
+    bank, the stride of a tensor-core axis outside the rows is padded too, by what removes the most conflicts.
     TF32's fragments are 8 by 4 elements: B's (8 columns of 4 rows of 128 floats) need rows 8 banks apart, which 16
     bytes of padding does not give; A's rows of 8 floats (a reduction step of one TC_K) put rows g and g + 4 in one
     bank unpadded; a convolution's A with its TC_K axis at stride 2 inside a row and TC_M outside an UPCAST met 4 to
-    a bank in the copy's order at any padding."""
+    a bank in the copy's order at any padding; a weight gradient's A, TC_K 128 floats apart, 4 in every order."""
     tc = k.tensor_core
     assert tc is not None
     lay = layouts(tc)[operand]
     dims = {AxisType.TC_M: "m", AxisType.TC_N: "n", AxisType.TC_K: "k"}
 
     def conflicts(local: dict[int, int]) -> int:
+        # a lane's registers that are neighbours along an UPCAST or UNROLL axis of stride 1 are read as one vector
+        # (codegen merges the loads), for which the banks serve 128 bytes of lanes at a time
+        width = next(
+            (sizes[a] for a, s in local.items() if s == 1 and k.axis_types[a] in (AxisType.UPCAST, AxisType.UNROLL)), 1
+        )
+        width = width if width in (2, 4) else 1
+        lanes = tc.threads // width
         worst = 1
         for register in range(tc.elements_per_thread[operand]):
-            words: dict[int, set[int]] = {}
-            for lane in range(tc.threads):
-                word = sum(
+            starts = [
+                sum(
                     _coordinate(lay, dims[k.axis_types[a]], lane, register) * s
                     for a, s in local.items()
-                    if k.axis_types[a] in dims
+                    if a in tc_axes
                 )
-                words.setdefault(word % 32, set()).add(word)
-            worst = max(worst, *(len(w) for w in words.values()))
+                for lane in range(tc.threads)
+            ]
+            for first in range(0, tc.threads, lanes):
+                words: dict[int, set[int]] = {}
+                for start in starts[first : first + lanes]:
+                    for word in range(start, start + width):
+                        words.setdefault(word % 32, set()).add(word)
+                worst = max(worst, *(len(w) for w in words.values()))
         return worst
 
+    tc_axes = {a for a in copy if k.axis_types[a] in dims}
     step = COPY_BYTES // 4
-    best: tuple[tuple[bool, int, int, int], list[int], int] | None = None
+    best: tuple[tuple[bool, int, int, int], list[int], dict[int, int]] | None = None
     # the copy's order; the tensor-core axes last in each run of axes on one side of the reduction; last of all
     runs: list[list[int]] = []
     for a in copy:
@@ -325,13 +338,25 @@ def _fragment_layout(
         # rows the general rule pads (PAD_FROM_BYTES) keep some padding; shorter ones take it only where it pays
         least = step if row * 4 >= PAD_FROM_BYTES else 0
         for pad in range(least, 32 + 1, step) if inner < len(layout) else (0,):
-            local, stride = _local_strides(list(layout), sizes, inner, row + pad)
+            local, stride = _local_strides(list(layout), sizes, {inner: pad} if pad else {})
             keeps = _store_vector(local, copy, vector, stride) or n == 0 or vector == 1
             score = (not keeps, conflicts(local), pad, n)
             if best is None or score < best[0]:
-                best = (score, list(layout), pad)
+                best = (score, list(layout), {inner: pad} if pad else {})
     assert best is not None
-    return best[1], best[2]
+    _, layout, pads = best
+    local, stride = _local_strides(layout, sizes, pads)
+    worst, vectors = conflicts(local), _store_vector(local, copy, vector, stride)
+    for n, a in enumerate(reversed(layout)):
+        if worst == 1 or n == 0 or a not in tc_axes or n in pads:
+            continue
+        chosen = pads
+        for extra in range(step, 32 + 1, step):
+            local, stride = _local_strides(layout, sizes, {**pads, n: extra})
+            if (c := conflicts(local)) < worst and (not vectors or _store_vector(local, copy, vector, stride)):
+                worst, chosen = c, {**pads, n: extra}
+        pads = chosen
+    return layout, pads
 
 
 def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -> bool:
