@@ -5,6 +5,7 @@ and never without it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -231,3 +232,49 @@ def test_convolution_forward_and_backward_on_tf32(emulated_gpu) -> None:
     tf32 = passes(*(mantissa_reference(v) for v in (x_np, w_np, g_np)))
     for got_, tf32_, exact in zip(got, tf32, passes(x_np, w_np, g_np), strict=True):
         _check(got_, tf32_, exact)
+
+
+def test_weight_gradient_with_padded_fragment_strides_on_tf32(monkeypatch) -> None:
+    """A weight gradient whose staged A has its TC_K stride padded against bank conflicts (not only its rows: see
+    lazygrad_codegen.staging._fragment_layout) computes what torch does on TF32-rounded inputs."""
+    torch = pytest.importorskip("torch")
+    from lazygrad import Tensor, engine
+    from lazygrad_codegen import staging
+    from lazygrad_uop.registry import Device
+
+    padded: list[int] = []
+    choose = staging._fragment_layout
+
+    def recording(k, operand, copy, sizes, vector):  # type: ignore[no-untyped-def]
+        layout, pads = choose(k, operand, copy, sizes, vector)
+        padded.extend(n for n in pads if n != staging._row(k, layout, sizes)[0])
+        return layout, pads
+
+    monkeypatch.setattr(staging, "_fragment_layout", recording)
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    engine._runners.clear()
+    # as many compute units as an H100: the weight gradient is not split, its A tile is the one that needs the padding
+    dev.use_renderer(PythonRenderer(dataclasses.replace(EMULATED, name="TF32GPU132", compute_units=132)))
+    try:
+        x_np = RNG.standard_normal((4, 16, 16, 16)).astype(np.float32)
+        w_np = (RNG.standard_normal((32, 16, 3, 3)) * 0.3).astype(np.float32)
+        g_np = RNG.standard_normal((4, 32, 16, 16)).astype(np.float32)
+        with Context(TF32=1, PROGRAM_CACHE=0):  # generated here, so the layouts chosen are seen
+            w = Tensor(w_np, device="PYTHON").requires_grad_()
+            out = Tensor(x_np, device="PYTHON").conv2d(w, padding=1)
+            (dw,) = out.gradient(w, gradient=Tensor(g_np, device="PYTHON"))
+            got = dw.numpy()
+        assert _tf32_kernels(engine) and padded
+    finally:
+        dev.use_renderer(before)
+        engine._runners.clear()
+
+    def weight_gradient(x_: np.ndarray, w_: np.ndarray, g_: np.ndarray) -> np.ndarray:
+        tw = torch.from_numpy(w_).double().requires_grad_()
+        t_out = torch.nn.functional.conv2d(torch.from_numpy(x_).double(), tw, padding=1)
+        (t_dw,) = torch.autograd.grad(t_out, (tw,), torch.from_numpy(g_).double())
+        return t_dw.numpy()
+
+    tf32 = weight_gradient(*(mantissa_reference(v) for v in (x_np, w_np, g_np)))
+    _check(got, tf32, weight_gradient(x_np, w_np, g_np))
