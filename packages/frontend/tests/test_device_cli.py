@@ -42,4 +42,7 @@ def test_lists_renderers_and_tensor_cores() -> None:
             for tc in cores:
                 n, m, k = tc.dims
                 names = {v: k for k, v in dtypes.fields().items()}
-                assert f"{m}x{n}x{k} {names[tc.dtype_in]}->{names[tc.dtype_out]}" in line
+                # a core that rounds its inputs (TF32) says so, and which setting it needs
+                bits = tc.input_mantissa_bits
+                rounded = "" if bits is None else f" (rounded to {bits} mantissa bits, TF32=1)"
+                assert f"{m}x{n}x{k} {names[tc.dtype_in]}{rounded}->{names[tc.dtype_out]}" in line
