@@ -190,6 +190,10 @@ def test_search_keys_and_result_comparison() -> None:
     case = elementwise()
     k_llvm, k_c = Kernel(case.ast, LLVMRenderer()), Kernel(case.ast, CRenderer())
     assert search_key(k_llvm, 2) != search_key(k_c, 2) != search_key(k_c, 3)
+    # TF32 decides whether an fp32 kernel may take a tensor core: a search under one setting is not the other's
+    off = search_key(k_c, 2)
+    with Context(TF32=1):
+        assert search_key(k_c, 2) != off
     f32 = lambda xs: np.array(xs, np.float32).tobytes()  # noqa: E731
     assert _close(dtypes.float32, f32([1.0, 2.0, np.nan]), f32([1.0 + 1e-6, 2.0, np.nan]))
     assert not _close(dtypes.float32, f32([1.0, 2.0]), f32([1.0, 2.1]))
