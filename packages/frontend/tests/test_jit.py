@@ -110,6 +110,34 @@ def test_python_number_argument_that_changes_is_refused() -> None:
     np.testing.assert_array_equal(f(x, 5.0).numpy(), np.full(3, 5, np.float32))
 
 
+def test_replays_on_the_same_tensors_reuse_their_inputs_and_see_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lazygrad import jit
+
+    prepared = []
+    real = jit._prepare_inputs
+    monkeypatch.setattr(jit, "_prepare_inputs", lambda *a: prepared.append(1) or real(*a))
+
+    @TinyJit
+    def f(x: Tensor, y: Tensor) -> Tensor:
+        return (x * 2 + y).contiguous()
+
+    a, b, c, d = _f32(5), _f32(5), _f32(5), _f32(5)
+    x, y = Tensor(a).realize(), Tensor(b).realize()
+    for _ in range(4):
+        np.testing.assert_array_equal(f(x, y).numpy(), a * 2 + b)
+    assert len(prepared) == 1, "the same realized tensors are prepared once"
+    # new contents in place (x keeps its node and buffer: nothing to prepare again), another tensor, a lazy one
+    x.assign(Tensor(c)).realize()
+    np.testing.assert_array_equal(f(x, y).numpy(), c * 2 + b)
+    z = Tensor(d).realize()
+    np.testing.assert_array_equal(f(z, y).numpy(), d * 2 + b)
+    np.testing.assert_array_equal(f(z, y + 1).numpy(), d * 2 + (b + 1))
+    assert len(prepared) == 3
+    # a plain argument where the capture had none is still refused
+    with pytest.raises(JitError, match="argument 2"):
+        f(z, y, 3)  # type: ignore[call-arg]
+
+
 def test_lazy_and_keyword_inputs() -> None:
     @TinyJit
     def f(x: Tensor, *, scale: Tensor) -> Tensor:
