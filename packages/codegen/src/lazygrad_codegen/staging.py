@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
 from lazygrad_codegen.tensor_cores import layouts
-from lazygrad_codegen.vectors import gep, vectorize
+from lazygrad_codegen.vectors import gep, memory_widths, vectorize
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
@@ -182,16 +182,18 @@ def _int_strides(k: Kernel, load: UOp) -> list[int] | None:
 
 
 def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
-    """Elements per copy along the tile's innermost axis `axis`: up to 16 bytes when the view is contiguous along
-    `axis`, every other stride and the offset keep the copies aligned, and its masks (padding, edges) take or leave
-    each copy whole (`_valid_by_vectors`)."""
+    """Elements per copy along the tile's innermost axis `axis`: up to 16 bytes (and as many elements as the renderer
+    loads at once, `memory_widths`) when the view is contiguous along `axis`, every other stride and the offset keep
+    the copies aligned, and its masks (padding, edges) take or leave each copy whole (`_valid_by_vectors`)."""
     st = k.views[load.src[1]]
     strides = _int_strides(k, load)
     free = _unmasked(st)
     if strides is None or len(free.views) != 1 or strides[axis] != 1:
         return 1
     offset = free.views[0].offset
-    v = COPY_BYTES // load.dtype.itemsize
+    # no wider than the renderer loads (Metal: 4 halves; CUDA: 8, its `wide_vectors`)
+    widths, _ = memory_widths(k.renderer, load.dtype.itemsize)
+    v = min(COPY_BYTES // load.dtype.itemsize, max(widths, default=1))
     while v > 1:
         if (
             size % v == 0
