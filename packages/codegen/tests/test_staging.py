@@ -147,6 +147,35 @@ def test_default_tensor_core_tiles_are_staged(dtype: DType, shape: tuple[int, in
     assert first.op is OptOps.TC and spec.local_size[0] == 32
 
 
+def _cuda_like_gpu() -> py.PythonRenderer:
+    """An emulated GPU with CUDA's tensor cores, asynchronous copies, ldmatrix and CUDA's register budget (512)."""
+    target = py.GPUTarget(
+        name="CUDALIKE", tensor_cores=cuda_cores.TENSOR_CORES["sm_80"], warp_size=32, async_copy=True, ldmatrix=True
+    )
+    renderer = py.PythonRenderer(target)
+    renderer.max_upcast = 512
+    return renderer
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_default_warp_tile_with_a_long_reduction_step_matches_numpy(dtype: DType) -> None:
+    # the default's warp tile on a long reduction (CUDA's budget): 64x64 outputs per warp, a 32-element step, four
+    # stages of cp.async; one warp per workgroup over a 128x128x256 matmul, 8 steps wrapping the 4 slots, and over
+    # 128x128x96 (3 steps, fewer than the stages: the copies past the end gated off)
+    opts = [
+        *TC,
+        Opt(OptOps.UPCAST, 0, 4),
+        Opt(OptOps.UPCAST, 1, 8),
+        Opt(OptOps.UNROLL, 0, 2),
+        Opt(OptOps.STAGE, None, 4),
+    ]
+    for shape in ((1, 128, 128, 256), (1, 128, 128, 96)):
+        spec = _staged_run(bmm(*shape, dtype), _cuda_like_gpu(), opts)
+        # copied by cp.async, the fragments read from local memory by ldmatrix alone
+        assert Ops.ASYNC_COPY in _ops(spec) and Ops.LDMATRIX in _ops(spec)
+        assert Ops.DEFINE_GLOBAL not in _loads_feeding(spec, Ops.WMMA)
+
+
 def test_full_size_default_is_four_warps_on_a_128x128_tile() -> None:
     k = hand_coded_optimizations(Kernel(bmm_ast(1, 4096, 4096, 4096, dtypes.float16), TC_GPU))
     assert k.staged and k.workgroup_threads() == 128
@@ -407,6 +436,15 @@ def test_beam_times_the_staged_tiles_and_returns_a_correct_cached_program(tmp_pa
 )
 def test_fma_matmul_from_local_memory(shape: tuple[int, int, int, int], opts) -> None:
     _staged_run(bmm(*shape, dtypes.float32), FMA_GPU, [*opts, Opt(OptOps.STAGE)])
+
+
+def test_fma_tile_with_an_eight_element_step_matches_numpy() -> None:
+    # the fp32 default under CUDA's register budget (512): 8x8 outputs per thread and an 8-element reduction step
+    renderer = py.PythonRenderer(py.GPUTarget(name="FMA512", warp_size=32))
+    renderer.max_upcast = 512
+    opts = [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 4)]
+    for shape in ((1, 64, 64, 64), (1, 64, 32, 40)):
+        _staged_run(bmm(*shape, dtypes.float32), renderer, [*opts, Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.STAGE)])
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 64, 32), (1, 36, 50, 20)])
