@@ -6,21 +6,24 @@ reads, an output axis N that only B reads, and a reduce axis both read: a convol
 its weights are B (output channels are N), its input channels, and window positions, the reduction; its input- and
 weight-gradient kernels are of the same form.
 
-On tensor cores (fp16/bf16 inputs, fp32 accumulators; fp32 kernels stay on FMA units, TF32 only when the renderer
-offers such a core):
+On tensor cores (fp16/bf16 inputs, fp32 accumulators; fp32 kernels stay on FMA units unless `TF32=1` lets them take
+a TF32 core):
 
-    TC, UPCAST M x4, UPCAST N x8, LOCAL N x2, LOCAL M x2, STAGE
+    TC, UPCAST M x4, UPCAST N x8, LOCAL N x2, LOCAL M x2, UNROLL K x2, STAGE 4
 
-gives 4 warps of 64x64 outputs each, a 128x128 workgroup tile and one tensor core's reduction (16 elements) per
-step; each element loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). An N axis too short
-for two warps (a convolution's 64 output channels) gives its warps to M, up to `TC_WARPS` in all. Where the copies are
-asynchronous (CUDA sm_80+) STAGE pipelines them over the deepest of `DEEP_STAGES` that fits the shared memory.
+gives 4 warps of 64x64 outputs each, a 128x128 workgroup tile and two tensor cores' reductions (32 elements in fp16)
+per step where the reduction is long (`TC_LONG_REDUCTION`; one, 16 elements, where it is short, as a 3x3
+convolution's 576); each element loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). An N
+axis too short for two warps (a convolution's 64 output channels) gives its warps to M, up to `TC_WARPS` in all.
+Where the copies are asynchronous (CUDA sm_80+) STAGE pipelines them over the deepest of `DEEP_STAGES` that fits the
+shared memory. A renderer whose register budget (`max_upcast`) is below CUDA's 512 gets the largest tiles it allows.
 On FMA units:
 
-    UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x4, STAGE
+    UPCAST M x8, UPCAST N x8, LOCAL M x16, LOCAL N x16, UNROLL K x8, STAGE
 
-gives 256 threads of 8x8 outputs each, again a 128x128 tile; a kernel with too few outputs for 16 warps per compute
-unit at 8x8 per thread takes 8x4 or 4x4 (`fma_register_tile`: the copies of FMA tiles are synchronous, only other
+gives 256 threads of 8x8 outputs each, again a 128x128 tile, 8 elements of the reduction per step (4 within the
+default register budget); a kernel with too few outputs for `FMA_WARPS_PER_UNIT` warps per compute unit at 8x8 per
+thread takes 8x4 or 4x4 (`fma_register_tile`: the copies of FMA tiles are synchronous, only other
 warps hide them). Smaller kernels take the largest of each that divides their axes. An operand that is a padded
 expression stored by a kernel of its own, `WHERE(valid, LOAD, 0)` with `valid` the load's own validity, counts as the
 load, and the staged kernel drops the select (`without_padding_selects`). FMA tiles are the default only on
