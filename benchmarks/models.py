@@ -387,8 +387,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         if on_gpu():
             # lazygrad's float32 on TF32 tensor cores exactly where torch's is
-            with Context(TF32=int(torch_tf32(name))):
-                rows.append({**MODELS[name](args), "tf32": torch_tf32(name)})
+            tf32 = torch_tf32(name)
+            with Context(TF32=int(tf32)):
+                rows.append({**MODELS[name](args), "tf32": tf32})
         else:
             rows.append(MODELS[name](args))
     where = f"{Device.DEFAULT}, torch on {torch_device()}"

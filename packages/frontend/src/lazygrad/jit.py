@@ -591,10 +591,11 @@ class TinyJit(Generic[R]):
                     "changes as a Tensor (or a bound Variable for a size), or call .reset() on the jit"
                 )
 
-    def _inputs(self, args: tuple, kwargs: dict) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
+    def _inputs(
+        self, args: tuple, kwargs: dict, tensors_only: bool
+    ) -> tuple[list[Buffer], list[InputSpec], dict[UOp, int]]:
         """`_prepare_inputs` of the call, or the last call's where it passed the same tensor nodes, all realized (a
-        node of a realized tensor always views the same buffer), and nothing else."""
-        tensors_only = not kwargs and all(isinstance(a, Tensor) for a in args)
+        node of a realized tensor always views the same buffer), and nothing else (`tensors_only`)."""
         last = self._last_inputs
         if (
             tensors_only
@@ -611,10 +612,11 @@ class TinyJit(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if not JIT:
             return self.fxn(*args, **kwargs)
-        bufs, specs, var_vals = self._inputs(args, kwargs)
+        tensors_only = not kwargs and all(isinstance(a, Tensor) for a in args)
+        bufs, specs, var_vals = self._inputs(args, kwargs, tensors_only)
         self._check(specs, var_vals)
         # a call of tensors alone, to a function captured with no plain argument, has none to compare
-        if self.plain is None or self.plain or kwargs or not all(isinstance(a, Tensor) for a in args):
+        if self.plain is None or self.plain or not tensors_only:
             self._check_plain(_plain_arguments(self.names, args, kwargs))
         if self.cnt == 0:
             ret = self.fxn(*args, **kwargs)

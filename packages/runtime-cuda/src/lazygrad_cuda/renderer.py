@@ -360,10 +360,10 @@ class CUDARenderer(CStyleLanguage):
         mantissa = arg[7] if len(arg) > 7 else None
         if (why := mma_problem(name, dims, dtype_in, dtype_out, threads, layout, mantissa)) is not None:
             raise NotImplementedError(why)
-        if dtype_in == dtypes.float32:
-            return self._render_tf32_mma(name)
-        k = dims[2]
         fn = "lg_" + re.sub(r"\W", "_", str(name))
+        if dtype_in == dtypes.float32:
+            return fn, self._render_tf32_mma(fn)
+        k = dims[2]
         ptx_in = _MMA_INPUTS[dtype_in]
         a_t, b_t, c_t = (
             self.render_dtype(d) for d in (dtype_in.vec(k // 2), dtype_in.vec(k // 4), dtypes.float32.vec(4))
@@ -383,10 +383,9 @@ class CUDARenderer(CStyleLanguage):
 }}"""
         return fn, body
 
-    def _render_tf32_mma(self, name: str) -> tuple[str, str]:
-        """The device function of one mma.sync.m16n8k8 with .tf32 inputs: A's 4 and B's 2 floats rounded to TF32
+    def _render_tf32_mma(self, fn: str) -> str:
+        """The device function `fn` of one mma.sync.m16n8k8 with .tf32 inputs: A's 4 and B's 2 floats rounded to TF32
         (`cvt.rna.tf32.f32`, a .b32 register each), then multiplied into C's 4 floats."""
-        fn = "lg_" + re.sub(r"\W", "_", str(name))
         a_regs = [f"ar{i}" for i in range(4)]
         b_regs = [f"br{i}" for i in range(2)]
         cvts = [
@@ -404,7 +403,7 @@ class CUDARenderer(CStyleLanguage):
       : {inputs});
   return c;
 }}"""
-        return fn, body
+        return body
 
     # *** the kernel ***
 
@@ -451,9 +450,9 @@ class CUDARenderer(CStyleLanguage):
     def render_local_memory(self, buffers: list[tuple[str, DType, int]]) -> list[str]:
         """`__shared__` arrays while they fit the static limit; else pointers into one `extern __shared__` array,
         each buffer 16-byte aligned in it (see `dynamic_shared_bytes`)."""
-        if _shared_layout(buffers)[1] <= STATIC_SHARED_MAX:
+        offsets, total = _shared_layout(buffers)
+        if total <= STATIC_SHARED_MAX:
             return super().render_local_memory(buffers)
-        offsets, _ = _shared_layout(buffers)
         out = [f"  extern __shared__ __align__({_SHARED_ALIGN}) unsigned char lg_shared[];"]
         for (name, dt, _size), offset in zip(buffers, offsets, strict=True):
             t = self.render_dtype(dt)
