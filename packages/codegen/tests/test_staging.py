@@ -186,6 +186,46 @@ def test_full_size_default_is_four_warps_on_a_128x128_tile() -> None:
     assert (a.vector, b.vector) == (8, 8)  # 128-bit copies
 
 
+def _warps_along(k: Kernel, which: str) -> int:
+    """The warps of `k`'s tile along M or N: its LOCAL axes that only A (M) or only B (N) reads."""
+    a, b = tiling._operands(k)
+    reads, other = (a, b) if which == "M" else (b, a)
+    return math.prod(
+        int(k.full_shape[ax])
+        for ax in k.axes(AxisType.LOCAL)
+        if tiling._varies(reads, ax) and not tiling._varies(other, ax)
+    )
+
+
+def test_short_m_gives_all_the_warps_to_n_and_matches_numpy() -> None:
+    # M of 64 is one warp's 64 rows; the 4 warps go along N: a 64x256 workgroup tile
+    case = bmm(1, 64, 512, 64, dtypes.float16)
+    spec = _staged_run(case, _cuda_like_gpu(), None)
+    k = hand_coded_optimizations(Kernel(case.ast, _cuda_like_gpu()))
+    assert k.workgroup_threads() == 32 * tiling.TC_WARPS
+    assert (_warps_along(k, "M"), _warps_along(k, "N")) == (1, tiling.TC_WARPS)
+    assert tiling.tile_extents(k)["M"] == 64 and tiling.tile_extents(k)["N"] == 256
+    assert Ops.WMMA in _ops(spec)
+
+
+def test_a_convolution_at_7x7_takes_four_warps_along_its_channels() -> None:
+    # ResNet-18's last 3x3 layers (batch 64, 512 channels, 7x7): M is the batch (the pixels' 7s take no tile), N the
+    # output channels; the input channels of the reduction are 49 elements apart, so the step stays one core's
+    k = hand_coded_optimizations(Kernel(conv(64, 512, 512, 7, dtypes.float16).ast, _cuda_like_gpu()))
+    assert k.staged and k.tensor_core is not None
+    assert (_warps_along(k, "M"), _warps_along(k, "N")) == (1, tiling.TC_WARPS)
+    assert tiling.tile_extents(k) == {"M": 64, "N": 256, "K": k.tensor_core.dims[2]}
+    assert not k.axes(AxisType.UNROLL)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+def test_long_contiguous_reductions_take_two_core_steps(dtype: DType) -> None:
+    # A reads K contiguously: on a long reduction the step is two cores' K (and one on a short one)
+    for k_len, steps in ((2048, 2), (512, 1)):
+        k = hand_coded_optimizations(Kernel(bmm_ast(1, 256, 256, k_len, dtype), _cuda_like_gpu()))
+        assert tiling.tile_extents(k)["K"] == steps * k.tensor_core.dims[2], (k_len, k.applied_opts)
+
+
 @pytest.mark.parametrize(
     ("renderer", "dtype", "shape", "opts"),
     [

@@ -196,5 +196,12 @@ def test_split_k_parts_fill_the_device_within_bounds(units, workgroups, threads,
     assert split_k_parts(_SomeGpu(units, local=False), GemmLaunch(workgroups, threads), axis, length) == 1
 
 
+def test_a_short_reduction_to_many_outputs_is_split_to_fill_a_gpu() -> None:
+    # ResNet-18's 1x1 downsampling weight gradient at its last layer: 512x256 outputs in 8 workgroups, a reduction
+    # of 64 x 7 x 7 over rows of 7: on 132 compute units its 7 rows become 7 parts of 448 products each
+    assert 3136 // 7 >= SPLIT_K_MIN
+    assert split_k_parts(_SomeGpu(132), GemmLaunch(8, 128), 7, 64 * 7 * 7) == 7
+
+
 def test_cpu_weight_gradient_is_not_split() -> None:
     assert split_k_parts(Device["CPU"].renderer, GemmLaunch(1, 1), 64, 64 * 56 * 56) == 1

@@ -306,9 +306,11 @@ def group_outer_rows(k: Kernel) -> bool:
 
 # *** split-K for matmul-like reductions to few outputs (a convolution's weight gradient) ***
 
-SPLIT_K_MIN = 1024
+SPLIT_K_MIN = 256
 """Each part of a split matmul-like reduction sums at least this many products per output: enough steps of the
-staged tile's pipeline to pay for the workgroup's start and for storing its partial tile."""
+staged tile's pipeline to pay for the workgroup's start and for storing its partial tile. At 1024, ResNet-18's
+1x1 downsampling weight gradients (a reduction of 64 x 7 x 7 at 512x256 outputs) stayed whole: 8 workgroups on an
+H200's 132 multiprocessors, 0.67 ms at 1.2 TFLOPS."""
 SPLIT_K_MAX = 64
 """At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
 
@@ -341,7 +343,8 @@ def _gemm_ast(dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int
 
 SPLIT_K_WARPS = 4
 """A split reduction gives each compute unit at least this many warps, all workgroups together (a tensor-core tile of
-4 warps; a workgroup narrower than a warp still takes a whole one)."""
+4 warps; a workgroup narrower than a warp still takes a whole one). Measured at 8 on an H200 (ResNet-18, TF32, batch
+64): the stem's weight gradient went from 4.39 to 4.26 ms, each 64-channel 3x3 one from 0.77 to 0.85 ms."""
 
 
 @dataclass(frozen=True)

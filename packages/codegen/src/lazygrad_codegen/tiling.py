@@ -12,9 +12,11 @@ a TF32 core):
     TC, UPCAST M x4, UPCAST N x8, LOCAL N x2, LOCAL M x2, UNROLL K x2, STAGE 4
 
 gives 4 warps of 64x64 outputs each, a 128x128 workgroup tile and two tensor cores' reductions (32 elements in fp16)
-per step where the reduction is long (`TC_LONG_REDUCTION`; one, 16 elements, where it is short, as a 3x3
-convolution's 576); each element loaded from global memory is then used 128 times (1/64 byte per FLOP in fp16). An N
-axis too short for two warps (a convolution's 64 output channels) gives its warps to M, up to `TC_WARPS` in all.
+per step where the reduction is long (`TC_LONG_REDUCTION`) and runs along an axis an operand reads contiguously
+(`_long_step_axes`; one core's, 16 elements, where it is short, as a 3x3 convolution's 576, or gathered, as a
+convolution's input channels); each element loaded from global memory is then used 128 times (1/64 byte per FLOP in
+fp16). An N axis too short for two warps (a convolution's 64 output channels) gives its warps to M, up to `TC_WARPS`
+in all; an M that one warp's register tile takes whole (a 7x7 convolution's batch of 64) gives them all to N.
 Where the copies are asynchronous (CUDA sm_80+) STAGE pipelines them over the deepest of `DEEP_STAGES` that fits the
 shared memory. A renderer whose register budget (`max_upcast`) is below CUDA's 512 gets the largest tiles it allows.
 On FMA units:
@@ -51,7 +53,9 @@ timed: the fp16 4096^3 matmul ran at 302 TFLOPS with 64x64 outputs per warp and 
 renderer's register budget allows it), 275 with a 16-element step, 178 with the earlier 8 warps of 64x32 and a
 32-element step; ResNet's fp16 3x3 convolution at batch 64: forward and input gradient 35-37 TFLOPS at 64x64 per warp,
 4 warps along the pixels and a 16-element step (23 before), weight gradient (64x576 outputs, 4 warps of 32x32)
-16.5 with a 32-element step and 8.7 with 16."""
+16.5 with a 32-element step and 8.7 with 16. On an H200, ResNet-18's 512-channel 3x3 convolution at 7x7 (TF32,
+batch 64, whose M is the batch) ran in 712 us with its 4 warps of 64x64 along the channels, 1120 us with the 2 warps
+the earlier rule left it."""
 TC_WARPS = 4
 """Warps per workgroup of the default tensor-core tile, at most."""
 TC_LONG_REDUCTION = 1024
@@ -143,13 +147,14 @@ def _extent(k: Kernel, which: str) -> int:
     return math.prod(sizes) if sizes and all(isinstance(s, int) for s in sizes) else 0  # type: ignore[misc]
 
 
-def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...]) -> None:
-    """The first of `amounts` (largest first) that some axis of kind `which` takes, on the innermost that does:
-    UPCAST for the register tile (M, N), LOCAL for the warps (LM, LN), UNROLL for the reduction step (K)."""
+def _apply_first(k: Kernel, which: str, amounts: tuple[int, ...], axes: list[int] | None = None) -> None:
+    """The first of `amounts` (largest first) that some axis of kind `which` (of `axes` where given) takes, on the
+    innermost that does: UPCAST for the register tile (M, N), LOCAL for the warps (LM, LN), UNROLL for the reduction
+    step (K)."""
     op = {"M": OptOps.UPCAST, "N": OptOps.UPCAST, "LM": OptOps.LOCAL, "LN": OptOps.LOCAL, "K": OptOps.UNROLL}[which]
     kind = AxisType.REDUCE if which == "K" else AxisType.GLOBAL
     for amount in amounts:
-        for axis in _candidates(k, which):
+        for axis in _candidates(k, which) if axes is None else axes:
             try:
                 k.apply_opt(Opt(op, k.axes(kind).index(axis), amount))
                 return
@@ -245,25 +250,57 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     if trial.tensor_core is None:
         limits = [(register_tile, True), ({}, True)] if register_tile else [({}, True)]
     else:
-        limits = [({}, False), ({"N": 4}, True)]
+        # then all `TC_WARPS` warps along N, where M has no axis left for them (a 7x7 convolution's M is its batch
+        # of 64, which one warp's 64 rows take)
+        limits = [({}, False), ({"LN": TC_WARPS, "LM": 1}, False), ({"N": 4}, True)]
     for fewer, leave in limits:
         tiled = trial.copy()
         for which, amounts in tiles:
             if which in fewer:
-                amounts = tuple(a for a in amounts if a <= fewer[which]) or amounts
+                amounts = _limited(which, amounts, fewer[which])
             if which in ("M", "N") and leave:
                 amounts = _leaving_warps(tiled, which, amounts)
             if which == "LM" and tiled.tensor_core is not None:
                 amounts = tuple(a for a in amounts if a * _warps(tiled) <= TC_WARPS)
-            if which == "K" and tiled.tensor_core is not None:
-                if _extent(tiled, "K") * tiled.tensor_core.dims[2] < TC_LONG_REDUCTION:
-                    amounts = ()
-            _apply_first(tiled, which, amounts)
+            axes = _long_step_axes(tiled) if which == "K" and tiled.tensor_core is not None else None
+            _apply_first(tiled, which, amounts, axes)
         if not leave and _warps(tiled) < TC_WARPS:
             continue
         if (staged := _staged(tiled)) is not None:
             return staged
     return None
+
+
+def _limited(which: str, amounts: tuple[int, ...], limit: int) -> tuple[int, ...]:
+    """The `amounts` of kind `which` a try of `_tile` allows under `limit`: at most `limit` (all of them when none
+    is), or exactly `limit` warps along N (LN), 1 meaning none."""
+    if which == "LN":
+        return (limit,)
+    if limit == 1:
+        return ()
+    return tuple(a for a in amounts if a <= limit) or amounts
+
+
+def _long_step_axes(k: Kernel) -> list[int]:
+    """The reduce axes along which the tensor-core tile `k` may reduce two of its core's steps at a time (UNROLL K
+    x2): on a long reduction (`TC_LONG_REDUCTION`), those that an operand reads contiguously, so that the longer step
+    makes longer runs of its copies. Along others (a convolution's input channels, 49 elements apart at 7x7) the
+    copies are gathered either way and the longer step only costs registers: on an H200, ResNet-18's 512-channel 3x3
+    convolution at 7x7 (TF32) ran its fastest six tiles (712-722 us) all in steps of 8 elements, and the default of
+    steps of 16 along the channels in 1120 us; its 64-channel weight gradient, whose reduction runs along the pixels,
+    ran its fastest six in steps of 16."""
+    tc = k.tensor_core
+    assert tc is not None
+    if _extent(k, "K") * tc.dims[2] < TC_LONG_REDUCTION:
+        return []
+    ops = _operands(k)
+    assert ops is not None
+    (tck,) = k.axes(AxisType.TC_K)
+    runs = []  # per operand, the stride that continues its contiguous run: past the core's K where that is one
+    for st in ops:
+        s = address_strides(st)
+        runs.append((s, k.full_shape[tck] if s[tck] == 1 else 1))
+    return [ax for ax in _candidates(k, "K") if any(isinstance(s[ax], int) and s[ax] == run for s, run in runs)]
 
 
 DEEP_STAGES: tuple[int, ...] = (4, 3)

@@ -1,0 +1,183 @@
+"""conv2d as matmuls over the matrix of its input's windows (`_conv_by_im2col`, taken on GPUs for convolutions with
+many output channels): the forward and both gradients against torch in float64, on the CPU with the path forced
+(any shape it takes, the weight gradient's split into parts included) and on the PYTHON device emulating a GPU with
+CUDA's tensor cores; which convolutions take it; and what is scheduled."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lazygrad.functional as functional
+from lazygrad import Tensor
+from lazygrad_uop.config import Context
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.ops import Ops
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch):
+    """Every convolution the path computes takes it, on any device."""
+    monkeypatch.setattr(functional, "IM2COL_CHANNELS", 1)
+    monkeypatch.setattr(functional, "_matmul_units", lambda device, dtype: True)
+    return monkeypatch
+
+
+def _passes_match_torch(xs, ws, padding, dtype=dtypes.float32, tol=1e-4, device=None) -> None:
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x_np = rng.standard_normal(xs).astype(np.float32)
+    w_np = (rng.standard_normal(ws) / math.sqrt(math.prod(ws[1:]))).astype(np.float32)
+    x = Tensor(x_np, device=device).cast(dtype).requires_grad_()
+    w = Tensor(w_np, device=device).cast(dtype).requires_grad_()
+    out = x.conv2d(w, padding=padding)
+    tdt = torch.float16 if dtype == dtypes.float16 else torch.float32
+    tx, tw = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np))
+    pad = padding
+    if isinstance(padding, tuple) and len(padding) == 2 * (len(xs) - 2):
+        tx_in, pad = F.pad(tx, padding), 0
+    else:
+        tx_in = tx
+    tout = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(xs)](tx_in, tw, padding=pad)
+    assert out.shape == tuple(tout.shape)
+    g_np = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
+    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device=device).cast(dtype))
+    tdx, tdw = torch.autograd.grad(tout, (tx, tw), torch.from_numpy(g_np).to(tdt).double())
+    for got, want in ((out, tout), (dx, tdx), (dw, tdw)):
+        assert got.dtype == dtype
+        ref = want.detach().numpy()
+        np.testing.assert_allclose(got.float().numpy(), ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
+
+
+CASES = [
+    # (input shape, weight shape, padding)
+    ((2, 5, 6, 7), (8, 5, 3, 3), 1),
+    ((3, 4, 5, 5), (9, 4, 2, 3), (1, 0)),
+    ((2, 3, 4, 4), (8, 3, 3, 3), 0),
+    ((1, 3, 7, 7), (2, 3, 3, 3), (0, 2, 1, 0)),  # flat (left, right, top, bottom)
+    ((1, 2, 3, 3), (2, 2, 2, 2), 3),  # padding wider than the kernel: whole windows of zeros
+    ((2, 6, 5, 4), (4, 6, 1, 1), 0),  # 1x1
+    ((2, 3, 9), (8, 3, 4), 2),  # 1-d
+    ((1, 2, 4, 3, 4), (3, 2, 2, 3, 2), 1),  # 3-d
+]
+
+
+@pytest.mark.parametrize("xs,ws,padding", CASES)
+def test_passes_match_torch(forced, xs, ws, padding) -> None:
+    _passes_match_torch(xs, ws, padding)
+
+
+def test_half_precision_passes_match_torch(forced) -> None:
+    _passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2)
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_weight_gradient_in_parts_matches_torch(forced, parts: int) -> None:
+    # the reduction over the batch's pixels cut into parts along the batch, as on a GPU with few tiles
+    forced.setattr(functional, "split_k_parts", lambda *a, p=parts, **k: p)
+    _passes_match_torch((4, 3, 5, 5), (6, 3, 3, 3), 1)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    cin=st.integers(1, 4),
+    cout=st.integers(1, 5),
+    size=st.integers(1, 6),
+    k=st.integers(1, 3),
+    before=st.integers(0, 2),
+    after=st.integers(0, 2),
+)
+def test_random_shapes_match_torch(n, cin, cout, size, k, before, after) -> None:
+    if size + before + after < k:
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(functional, "IM2COL_CHANNELS", 1)
+        mp.setattr(functional, "_matmul_units", lambda device, dtype: True)
+        _passes_match_torch((n, cin, size + 1, size), (cout, cin, k, k), (before, after, after, before))
+
+
+def test_second_derivatives_match_torch(forced) -> None:
+    # through the rule's own graph: the input gradient depends on the weight, the weight gradient on the input
+    rng = np.random.default_rng(3)
+    x_np, w_np = (
+        rng.standard_normal((2, 2, 5, 5)).astype(np.float32),
+        rng.standard_normal((3, 2, 3, 3)).astype(np.float32),
+    )
+    x, w = Tensor(x_np).requires_grad_(), Tensor(w_np).requires_grad_()
+    (dx,) = x.conv2d(w, padding=1).square().sum().gradient(x)
+    (dw,) = (dx * dx).sum().gradient(w)
+    tx, tw = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x_np, w_np))
+    (tdx,) = torch.autograd.grad(F.conv2d(tx, tw, padding=1).square().sum(), tx, create_graph=True)
+    (tdw,) = torch.autograd.grad((tdx * tdx).sum(), tw)
+    np.testing.assert_allclose(dw.numpy(), tdw.numpy(), rtol=1e-4, atol=1e-4 * np.abs(tdw.numpy()).max())
+
+
+def test_the_forward_stores_the_window_matrix_once(forced) -> None:
+    x, w = Tensor.empty(2, 5, 6, 7), Tensor.empty(8, 5, 3, 3)
+    items = x.conv2d(w, padding=1).schedule()
+    # the windows as a (N x pixels, C_in x taps) matrix, its product with the weight (a row per pixel), then that
+    # stored channel-major as convolutions are
+    assert len(items) == 3
+    assert items[0].bufs[0].size == (2 * 6 * 7) * (5 * 9)
+    assert items[1].bufs[0].size == items[2].bufs[0].size == 2 * 6 * 7 * 8
+
+
+# *** which convolutions take it ***
+
+
+@pytest.fixture
+def emulated_gpu():
+    """The PYTHON device rendering for a GPU with CUDA's tensor cores."""
+    py = pytest.importorskip("lazygrad_python")
+    cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
+    from lazygrad import engine
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    engine._runners.clear()
+    dev.use_renderer(
+        py.PythonRenderer(py.GPUTarget(name="TCGPU", tensor_cores=cores.TENSOR_CORES["sm_80"], warp_size=32))
+    )
+    yield dev
+    dev.use_renderer(before)
+    engine._runners.clear()
+
+
+def _takes(x: Tensor, w: Tensor, stride: int = 1, groups: int = 1, dilation: int = 1) -> bool:
+    pads = functional._pads(1, w.shape[2:], (dilation,) * 2)
+    return functional._im2col_pays(x, w, groups, (stride,) * 2, (dilation,) * 2, pads, None)
+
+
+def test_gpu_convolutions_with_many_output_channels_take_it(emulated_gpu) -> None:
+    def take(cin=256, cout=256, dtype=dtypes.float16, device="PYTHON", **kw) -> bool:
+        x = Tensor.empty(8, cin, 7, 7, dtype=dtype, device=device)
+        return _takes(x, Tensor.empty(cout, cin // kw.get("groups", 1), 3, 3, dtype=dtype, device=device), **kw)
+
+    assert take() and take(dtype=dtypes.bfloat16) and take(cin=3)
+    assert not take(cout=functional.IM2COL_CHANNELS // 2)
+    assert not take(stride=2) and not take(groups=2) and not take(dilation=2)
+    # float32 only on the TF32 core, which only TF32=1 allows
+    assert not take(dtype=dtypes.float32)
+    with Context(TF32=1):
+        assert take(dtype=dtypes.float32)
+    # not on the CPU
+    assert not take(device="CPU")
+
+
+def test_emulated_gpu_passes_match_torch(emulated_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(functional, "IM2COL_CHANNELS", 16)
+    x = Tensor.empty(2, 8, 6, 6, dtype=dtypes.float16, device="PYTHON")
+    assert _takes(x, Tensor.empty(16, 8, 3, 3, dtype=dtypes.float16, device="PYTHON"))
+    _passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
+    # the matmuls ran on the tensor cores
+    from lazygrad import engine
+
+    assert any(Ops.WMMA in [u.op for u in r.spec.uops] for r in engine._runners.values())
