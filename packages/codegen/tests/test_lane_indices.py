@@ -8,11 +8,12 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st_
 
 from lazygrad_codegen.lowerer import lane_offsets
 from lazygrad_codegen.vectors import split_offset
+from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.uop import UOp, eval_uop
 from lazygrad_uop.views import ShapeTracker
 
@@ -134,3 +135,23 @@ def test_lanes_under_a_modulo_are_substituted() -> None:
     out, loops, coords = _lanes(arr, tracker, [1])
     assert not _one_base(out)
     _check_against_numpy(arr, out, loops, coords)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st_.integers(-(2**31), 2**31 - 1), st_.integers(1, 64), st_.integers(-(2**40), 2**40), st_.integers(0, 2**40))
+@example(c=2**31 - 1, scale=3, outer=0, big=7)  # b + c overflows int32: left whole
+@example(c=5, scale=2, outer=-9, big=2**33)
+def test_widened_sums_split_into_base_and_offset(c: int, scale: int, outer: int, big: int) -> None:
+    # a 64-bit index a + cast(b + c), b an int32 expression (a lane's offset in a tile): the constant comes out where
+    # b + c can't overflow, and then base + offset is the index for every value of the variables
+    x, y = UOp.variable("x", 0, 7), UOp.variable("y", 0, 3)
+    b = x * scale
+    idx = (y.cast(dtypes.long) * big + outer) + (b + c).cast(dtypes.long)
+    base, offset = split_offset(idx)
+    fits = b.vmax + c <= 2**31 - 1
+    assert offset == (c if fits else 0)
+    for xv, yv in itertools.product(range(8), range(4)):
+        env = {x: xv, y: yv}
+        want = yv * big + outer + xv * scale + c
+        if fits:
+            assert (eval_uop(base, env) if base is not None else 0) + offset == want

@@ -218,6 +218,20 @@ def test_a_convolution_at_7x7_takes_four_warps_along_its_channels() -> None:
     assert not k.axes(AxisType.UNROLL)
 
 
+def test_padded_rows_store_vectors_in_64_bit_kernels() -> None:
+    # ResNet-18's last im2col matmul: 3136 rows padded to whole tiles, its stores gated by the row, in a kernel that
+    # indexes in 64 bits (its padded views pass int32), where each lane's offset in the tile is a widened 32-bit sum:
+    # neighbouring columns are still stored as one vector (split_offset sees through the widening)
+    for dtype in (dtypes.float16, dtypes.float32):
+        k = hand_coded_optimizations(Kernel(bmm_ast(1, 3136, 512, 4608, dtype), _cuda_like_gpu()))
+        assert any(o.op is OptOps.PADTO for o in k.applied_opts)
+        spec = get_program(k.ast, k.renderer, k.applied_opts)
+        assert any(u.dtype == dtypes.int64 for u in spec.uops if u.op is Ops.RANGE)
+        stores = [u for u in spec.uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+        assert stores and all(len(s.src) > 2 for s in stores)  # gated by the row
+        assert all(s.src[1].dtype.count >= 2 for s in stores), [s.src[1].dtype for s in stores]
+
+
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
 def test_long_contiguous_reductions_take_two_core_steps(dtype: DType) -> None:
     # A reads K contiguously: on a long reduction the step is two cores' K (and one on a short one)

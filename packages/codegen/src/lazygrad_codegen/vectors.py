@@ -242,12 +242,31 @@ def memory_widths(renderer: Renderer, itemsize: int = 4) -> tuple[tuple[int, ...
 
 
 def split_offset(idx: UOp) -> tuple[UOp | None, int]:
-    """An index as (base, constant offset): `base + c` gives (base, c), a constant (None, c)."""
+    """An index as (base, constant offset): `base + c` gives (base, c), a constant (None, c). A 64-bit index whose last
+    term is a widened 32-bit sum with a constant, `a + cast(b + c)`, gives (`a + cast(b)`, c) where `b + c` can't
+    overflow: a kernel indexing in 64 bits computes a lane's offset within its tile in 32 (a padded matmul's stores)."""
     if idx.op is Ops.CONST:
         return None, idx.arg
     if idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
-        return idx.src[0], idx.src[1].arg
+        base, offset = split_offset(idx.src[0])
+        return base, offset + idx.src[1].arg
+    if idx.op is Ops.ADD and (widened := _widened_offset(idx.src[1])) is not None:
+        return idx.replace(src=(idx.src[0], widened[0])), widened[1]
     return idx, 0
+
+
+def _widened_offset(u: UOp) -> tuple[UOp, int] | None:
+    """`cast(b + c)` (an integer widened) as (`cast(b)`, c) where neither `b` nor `b + c` leaves the narrower type."""
+    if u.op is not Ops.CAST or not dtypes.is_int(u.dtype) or u.src[0].op is not Ops.ADD:
+        return None
+    inner = u.src[0]
+    if not dtypes.is_int(inner.dtype) or inner.dtype.itemsize > u.dtype.itemsize or inner.src[1].op is not Ops.CONST:
+        return None
+    b, c = inner.src[0], inner.src[1].arg
+    lo, hi = dtypes.min(inner.dtype), dtypes.max(inner.dtype)
+    if not (lo <= b.vmin and b.vmax <= hi and lo <= b.vmin + c and b.vmax + c <= hi):
+        return None
+    return u.replace(src=(b,)), c
 
 
 def _divides(u: UOp | None, n: int) -> bool:
@@ -256,6 +275,9 @@ def _divides(u: UOp | None, n: int) -> bool:
         return True
     if u.op is Ops.CONST:
         return u.arg % n == 0
+    if u.op is Ops.CAST and dtypes.is_int(u.dtype) and dtypes.is_int(u.src[0].dtype):
+        # a widened integer (split_offset's bases) keeps its value, so its factors
+        return u.src[0].dtype.itemsize <= u.dtype.itemsize and _divides(u.src[0], n)
     if u.op is Ops.ADD:
         return all(_divides(s, n) for s in u.src)
     if u.op is Ops.MUL:
