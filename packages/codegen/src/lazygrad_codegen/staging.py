@@ -27,6 +27,7 @@ outermost, so a thread's register tile for one step of the reduction is one cont
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -99,8 +100,10 @@ def _unmasked(st: ShapeTracker) -> ShapeTracker:
     return ShapeTracker(tuple(View.create(v.shape, v.strides, v.offset) for v in st.views)).simplify()
 
 
+@functools.lru_cache(maxsize=4096)
 def address_strides(st: ShapeTracker) -> tuple[sint | None, ...]:
-    """How far the address `st` reads moves per step of each axis, whatever its masks (None: not one stride)."""
+    """How far the address `st` reads moves per step of each axis, whatever its masks (None: not one stride). Cached:
+    the default tiles ask it of the same views for every axis and opt they try."""
     strides = st.real_strides(ignore_valid=True)
     if all(s is not None for s in strides) or all(v.mask is None for v in st.views):
         return strides
@@ -306,15 +309,9 @@ def _fragment_layout(
         width = width if width in (2, 4) else 1
         lanes = tc.threads // width
         worst = 1
+        terms = [(coords[a], s) for a, s in local.items() if a in coords]
         for register in range(tc.elements_per_thread[operand]):
-            starts = [
-                sum(
-                    _coordinate(lay, dims[k.axis_types[a]], lane, register) * s
-                    for a, s in local.items()
-                    if a in tc_axes
-                )
-                for lane in range(tc.threads)
-            ]
+            starts = [sum(c[register][lane] * s for c, s in terms) for lane in range(tc.threads)]
             for first in range(0, tc.threads, lanes):
                 words: dict[int, set[int]] = {}
                 for start in starts[first : first + lanes]:
@@ -324,6 +321,14 @@ def _fragment_layout(
         return worst
 
     tc_axes = {a for a in copy if k.axis_types[a] in dims}
+    # each tensor-core axis's coordinate of each lane's element in each register, whatever the layout's strides
+    coords = {
+        a: [
+            [_coordinate(lay, dims[k.axis_types[a]], lane, register) for lane in range(tc.threads)]
+            for register in range(tc.elements_per_thread[operand])
+        ]
+        for a in tc_axes
+    }
     step = COPY_BYTES // 4
     best: tuple[tuple[bool, int, int, int], list[int], dict[int, int]] | None = None
     # the copy's order; the tensor-core axes last in each run of axes on one side of the reduction; last of all
