@@ -21,7 +21,7 @@ from lazygrad.errors import InputError, KindError
 from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
 from lazygrad_codegen.reductions import gemm_launch, split_k_parts
-from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+from lazygrad_uop.dtype import DType, dtypes, least_upper_float, sum_dtype, to_dtype
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
 
@@ -173,7 +173,7 @@ def _conv_weight_gradient(
     xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
     gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
     order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
-    acc = dtypes.float32 if g.dtype in (dtypes.float16, dtypes.bfloat16) else g.dtype
+    acc = sum_dtype(g.dtype)
     partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
     return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
 
@@ -260,7 +260,7 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, pads) -> GradientRule:
         nd, n, c, cout, k = len(wshape) - 2, xshape[0], xshape[1], wshape[0], wshape[2:]
         rows, width = cols.shape
         dt = ctx.dtype
-        acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+        acc = sum_dtype(dt)
         g = Tensor(ctx)
         out = g.shape[2:]
         gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()

@@ -14,7 +14,7 @@ from typing import Any
 
 from lazygrad.split_reduce import reduce_uop_along_axis
 from lazygrad_uop.device import Buffer
-from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.dtype import dtypes, sum_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.pattern import PatternMatcher, UPat
 from lazygrad_uop.shape import device_of, shape_of
@@ -42,7 +42,7 @@ def _sum(u: UOp, axes: tuple[int, ...]) -> UOp:
     """Sum over `axes`, keeping them as size 1; half precision accumulates in float32 as Tensor.sum does."""
     if not axes:
         return u
-    acc = dtypes.float32 if u.dtype in (dtypes.float16, dtypes.bfloat16) else u.dtype
+    acc = sum_dtype(u.dtype)
     # on GPUs, column sums and sums around a kept axis in two kernels along one reduced axis (`split_reduce`)
     x = u.cast(acc)
     if (summed := reduce_uop_along_axis(x, Ops.ADD, axes)) is None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from lazygrad.errors import InputError, RangeError
 from lazygrad.movement import _check_axis_type, concrete_sizes
-from lazygrad_uop.dtype import DType, dtypes, least_upper_float, to_dtype
+from lazygrad_uop.dtype import DType, dtypes, least_upper_float, sum_dtype, to_dtype
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
@@ -225,7 +225,7 @@ class ReductionMixin:
             out_dt = dtypes.uint64 if self.dtype == dtypes.uint64 else dtypes.int64
         else:
             out_dt = self.dtype
-        work = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
+        work = sum_dtype(out_dt)
         return self.cast(work)._scan("sum", axis).cast(out_dt)
 
     def cumprod(self: Tensor, axis: int = 0, dtype: DType | str | None = None) -> Tensor:

@@ -40,6 +40,7 @@ from lazygrad_uop.dtype import (
     from_numpy_dtype,
     least_upper_dtype,
     least_upper_float,
+    sum_dtype,
     to_dtype,
     to_numpy_dtype,
 )
@@ -1218,10 +1219,8 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             acc = out = (
                 dtypes.uint64 if dtypes.is_unsigned(self.dtype) and self.dtype == dtypes.uint64 else dtypes.int64
             )
-        elif self.dtype in (dtypes.float16, dtypes.bfloat16):
-            acc, out = dtypes.float32, self.dtype
         else:
-            acc = out = self.dtype
+            acc, out = sum_dtype(self.dtype), self.dtype
         return self.cast(acc)._reduce(Ops.ADD, axis, keepdim).cast(out)
 
     def prod(
@@ -1273,7 +1272,7 @@ class Tensor(ElementwiseMixin, MovementMixin, IndexingMixin, ReductionMixin, Fun
             raise InputError(f"matmul shapes {x.shape} and {w.shape} don't line up: {k} != {kw}")
         dt = least_upper_dtype(x.dtype, w.dtype)
         x, w = x.cast(dt), w.cast(dt)
-        acc = dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+        acc = sum_dtype(dt)
         if w.ndim == 2 and math.prod(x.shape[:-1]) == 1 and vector_product(x.device, w.shape[-1]):
             # one row times a matrix (a decoding step's x @ W): (k, 1) * (k, m) summed over k, the reduced axis ahead
             # of the kept one as in W's memory, so that the reduction is cut along k into parts like a column

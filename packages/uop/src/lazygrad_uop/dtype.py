@@ -371,6 +371,11 @@ def least_upper_float(dt: DType) -> DType:
     return dt if dtypes.is_float(dt) else least_upper_dtype(dt, dtypes.default_float)
 
 
+def sum_dtype(dt: DType) -> DType:
+    """The type sums of `dt` values accumulate in: float32 for the 16-bit floats (as torch does), else `dt`."""
+    return dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt
+
+
 _NUMPY_NAMES = {d: n for n, d in _BY_NAME.items() if d not in (dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2)}
 
 
