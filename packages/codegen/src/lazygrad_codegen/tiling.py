@@ -240,24 +240,22 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     # (PoCL), where barriers make big work-groups slow to compile and run; STAGE stays there for BEAM and explicit opts
     if trial.tensor_core is None and (not warp_size(r) or len(staged_loads(trial)) != 2):
         return None
-    # tries of (limit on the register tile, whether M and N leave warps along them), first that stages wins. An FMA
-    # tile takes `register_tile`, then the full one: a smaller register tile spreads a workgroup's tile over more
-    # threads, whose copies may then need more local memory than there is (a strided window's rows; a shorter
-    # reduction step instead made the 7x7 stem's weight gradient load 8 times more per FLOP). A tensor-core tile
-    # first takes the largest register tiles and is kept only with all `TC_WARPS` warps (the other axis holding
-    # them), else it leaves warps along M and N as FMA tiles do, at most 64x32 per warp (a weight gradient's 64 x 576
-    # outputs: 4 warps of 32x32)
+    # tries of (the amounts allowed for some of the tile's opts, whether M and N leave warps along them), first that
+    # stages wins. An FMA tile takes `register_tile`, then the full one: a smaller register tile spreads a
+    # workgroup's tile over more threads, whose copies may then need more local memory than there is (a strided
+    # window's rows; a shorter reduction step instead made the 7x7 stem's weight gradient load 8 times more per FLOP).
+    # A tensor-core tile first takes the largest register tiles and is kept only with all `TC_WARPS` warps (the other
+    # axis holding them); then all of them along N, where M has no axis left for them (a 7x7 convolution's M is its
+    # batch of 64, which one warp's 64 rows take); else it leaves warps along M and N as FMA tiles do, at most 64x32
+    # per warp (a weight gradient's 64 x 576 outputs: 4 warps of 32x32)
     if trial.tensor_core is None:
-        limits = [(register_tile, True), ({}, True)] if register_tile else [({}, True)]
+        tries = [(_at_most(tiles, register_tile), True), ({}, True)] if register_tile else [({}, True)]
     else:
-        # then all `TC_WARPS` warps along N, where M has no axis left for them (a 7x7 convolution's M is its batch
-        # of 64, which one warp's 64 rows take)
-        limits = [({}, False), ({"LN": TC_WARPS, "LM": 1}, False), ({"N": 4}, True)]
-    for fewer, leave in limits:
+        tries = [({}, False), ({"LN": (TC_WARPS,), "LM": ()}, False), (_at_most(tiles, {"N": 4}), True)]
+    for allowed, leave in tries:
         tiled = trial.copy()
         for which, amounts in tiles:
-            if which in fewer:
-                amounts = _limited(which, amounts, fewer[which])
+            amounts = allowed.get(which, amounts)
             if which in ("M", "N") and leave:
                 amounts = _leaving_warps(tiled, which, amounts)
             if which == "LM" and tiled.tensor_core is not None:
@@ -271,14 +269,10 @@ def _tile(k: Kernel, register_tile: dict[str, int]) -> Kernel | None:
     return None
 
 
-def _limited(which: str, amounts: tuple[int, ...], limit: int) -> tuple[int, ...]:
-    """The `amounts` of kind `which` a try of `_tile` allows under `limit`: at most `limit` (all of them when none
-    is), or exactly `limit` warps along N (LN), 1 meaning none."""
-    if which == "LN":
-        return (limit,)
-    if limit == 1:
-        return ()
-    return tuple(a for a in amounts if a <= limit) or amounts
+def _at_most(tiles: tuple[tuple[str, tuple[int, ...]], ...], limits: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """The amounts of `tiles` (kind, amounts) no larger than `limits` of their kind (all of a kind's where none is)."""
+    amounts = dict(tiles)
+    return {w: tuple(a for a in amounts[w] if a <= n) or amounts[w] for w, n in limits.items()}
 
 
 def _long_step_axes(k: Kernel) -> list[int]:
