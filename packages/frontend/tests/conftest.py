@@ -1,14 +1,16 @@
 """Shared fixtures: the op suite runs on every device given here, each checked against numpy; `compiles` records the
 kernels compiled while a test runs; `load_example` imports a script of examples/ for the tests of the examples;
-`emulated_gpu` makes the PYTHON device a GPU with warps."""
+`emulated_gpu` makes the PYTHON device a GPU with warps, `tensor_core_gpu` one with CUDA's tensor cores."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -65,17 +67,39 @@ def load_example() -> object:
     return load
 
 
-@pytest.fixture
-def emulated_gpu(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The PYTHON device rendering for a GPU (`GPUTarget`) with warps of `request.param` threads (0: no warp
-    shuffles, local memory only), restored afterwards. Parametrize it indirectly with the warp sizes."""
+@contextmanager
+def _rendering_for(target: Any) -> Iterator[str]:
+    """The PYTHON device rendering for `target` (a `GPUTarget`), its renderer restored afterwards; the programs
+    compiled meanwhile are forgotten before and after (runners are cached by kernel, not by renderer)."""
+    from lazygrad import engine
     from lazygrad_python import PythonRenderer
-    from lazygrad_python.device import GPUTarget
 
     dev = Device["PYTHON"]
     renderer, compiler = dev.renderer, dev.compiler
-    dev.use_renderer(PythonRenderer(GPUTarget(name=f"EMULATEDGPU{request.param}", warp_size=request.param)))
+    engine._runners.clear()
+    dev.use_renderer(PythonRenderer(target))
     try:
         yield "PYTHON"
     finally:
         dev.use_renderer(renderer, compiler)
+        engine._runners.clear()
+
+
+@pytest.fixture
+def emulated_gpu(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The PYTHON device rendering for a GPU (`GPUTarget`) with warps of `request.param` threads (0: no warp
+    shuffles, local memory only), restored afterwards. Parametrize it indirectly with the warp sizes."""
+    from lazygrad_python.device import GPUTarget
+
+    with _rendering_for(GPUTarget(name=f"EMULATEDGPU{request.param}", warp_size=request.param)) as device:
+        yield device
+
+
+@pytest.fixture
+def tensor_core_gpu() -> Iterator[str]:
+    """The PYTHON device rendering for a GPU with warps of 32 and CUDA's sm_80 tensor cores, restored afterwards."""
+    from lazygrad_python.device import GPUTarget
+
+    cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
+    with _rendering_for(GPUTarget(name="TCGPU", tensor_cores=cores.TENSOR_CORES["sm_80"], warp_size=32)) as device:
+        yield device

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from torch_reference import conv_passes_match_torch
 
 import lazygrad.functional
 from lazygrad import Tensor
@@ -23,32 +24,6 @@ from lazygrad_uop.registry import Device
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-
-def _grads_match_torch(xs, ws, groups, stride, dilation, padding, dtype=dtypes.float32, tol=1e-4) -> None:
-    rng = np.random.default_rng(sum(xs) + sum(ws))
-    x_np = rng.standard_normal(xs).astype(np.float32)
-    w_np = (rng.standard_normal(ws) / math.sqrt(math.prod(ws[1:]))).astype(np.float32)
-    x = Tensor(x_np).cast(dtype).requires_grad_()
-    w = Tensor(w_np).cast(dtype).requires_grad_()
-    out = x.conv2d(w, groups=groups, stride=stride, dilation=dilation, padding=padding)
-    tx, tw = torch.tensor(x_np, dtype=torch.float64, requires_grad=True), torch.tensor(w_np, dtype=torch.float64)
-    tw.requires_grad_()
-    pad = padding
-    if isinstance(padding, tuple) and len(padding) == 2 * (len(xs) - 2):
-        tx_in, pad = F.pad(tx, padding), 0
-    else:
-        tx_in = tx
-    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(xs)]
-    tout = conv(tx_in, tw, stride=stride, padding=pad, dilation=dilation, groups=groups)
-    assert out.shape == tuple(tout.shape)
-    g_np = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
-    dx, dw = out.gradient(x, w, gradient=Tensor(g_np).cast(dtype))
-    tdx, tdw = torch.autograd.grad(tout, (tx, tw), torch.tensor(g_np, dtype=torch.float64))
-    for got, want in ((dx, tdx), (dw, tdw)):
-        assert got.dtype == dtype
-        ref = want.numpy()
-        np.testing.assert_allclose(got.float().numpy(), ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
 
 
 CASES = [
@@ -70,11 +45,11 @@ CASES = [
 
 @pytest.mark.parametrize("xs,ws,groups,stride,dilation,padding", CASES)
 def test_gradients_match_torch(xs, ws, groups, stride, dilation, padding) -> None:
-    _grads_match_torch(xs, ws, groups, stride, dilation, padding)
+    conv_passes_match_torch(xs, ws, padding, groups=groups, stride=stride, dilation=dilation)
 
 
 def test_half_precision_gradients_match_torch() -> None:
-    _grads_match_torch((2, 8, 8, 8), (8, 8, 3, 3), 1, 2, 1, 1, dtype=dtypes.float16, tol=2e-2)
+    conv_passes_match_torch((2, 8, 8, 8), (8, 8, 3, 3), 1, stride=2, dtype=dtypes.float16, tol=2e-2)
 
 
 @given(
@@ -89,7 +64,9 @@ def test_half_precision_gradients_match_torch() -> None:
 def test_one_dimensional_gradients_match_torch(size, k, stride, dilation, before, after, groups) -> None:
     if size + before + after < dilation * (k - 1) + 1:
         return
-    _grads_match_torch((1, 2, size), (2, 2 // groups, k), groups, stride, dilation, (before, after))
+    conv_passes_match_torch(
+        (1, 2, size), (2, 2 // groups, k), (before, after), groups=groups, stride=stride, dilation=dilation
+    )
 
 
 def test_second_derivatives_match_torch() -> None:
@@ -111,8 +88,8 @@ def test_split_weight_gradient_matches_torch(monkeypatch: pytest.MonkeyPatch) ->
     # the parts and their sum, as a GPU would get them, on the CPU: the 6 output rows in 2, 3 and 6 parts
     for parts in (2, 3, 6):
         monkeypatch.setattr(lazygrad.functional, "split_k_parts", lambda *a, p=parts, **k: p)
-        _grads_match_torch((2, 4, 6, 6), (6, 2, 3, 3), 2, 1, 1, 1)
-        _grads_match_torch((2, 4, 12, 11), (4, 4, 3, 2), 1, 2, (1, 2), 1)
+        conv_passes_match_torch((2, 4, 6, 6), (6, 2, 3, 3), 1, groups=2)
+        conv_passes_match_torch((2, 4, 12, 11), (4, 4, 3, 2), 1, stride=2, dilation=(1, 2))
         x, w = Tensor.empty(2, 4, 6, 6).requires_grad_(), Tensor.empty(6, 4, 3, 3).requires_grad_()
         (dw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(2, 6, 6, 6))
         items = dw.schedule()

@@ -5,12 +5,11 @@ CUDA's tensor cores; which convolutions take it; and what is scheduled."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch_reference import conv_passes_match_torch
 
 import lazygrad.functional as functional
 from lazygrad import Tensor
@@ -30,31 +29,6 @@ def forced(monkeypatch: pytest.MonkeyPatch):
     return monkeypatch
 
 
-def _passes_match_torch(xs, ws, padding, dtype=dtypes.float32, tol=1e-4, device=None) -> None:
-    rng = np.random.default_rng(sum(xs) + sum(ws))
-    x_np = rng.standard_normal(xs).astype(np.float32)
-    w_np = (rng.standard_normal(ws) / math.sqrt(math.prod(ws[1:]))).astype(np.float32)
-    x = Tensor(x_np, device=device).cast(dtype).requires_grad_()
-    w = Tensor(w_np, device=device).cast(dtype).requires_grad_()
-    out = x.conv2d(w, padding=padding)
-    tdt = torch.float16 if dtype == dtypes.float16 else torch.float32
-    tx, tw = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np))
-    pad = padding
-    if isinstance(padding, tuple) and len(padding) == 2 * (len(xs) - 2):
-        tx_in, pad = F.pad(tx, padding), 0
-    else:
-        tx_in = tx
-    tout = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(xs)](tx_in, tw, padding=pad)
-    assert out.shape == tuple(tout.shape)
-    g_np = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
-    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device=device).cast(dtype))
-    tdx, tdw = torch.autograd.grad(tout, (tx, tw), torch.from_numpy(g_np).to(tdt).double())
-    for got, want in ((out, tout), (dx, tdx), (dw, tdw)):
-        assert got.dtype == dtype
-        ref = want.detach().numpy()
-        np.testing.assert_allclose(got.float().numpy(), ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
-
-
 CASES = [
     # (input shape, weight shape, padding)
     ((2, 5, 6, 7), (8, 5, 3, 3), 1),
@@ -70,18 +44,18 @@ CASES = [
 
 @pytest.mark.parametrize("xs,ws,padding", CASES)
 def test_passes_match_torch(forced, xs, ws, padding) -> None:
-    _passes_match_torch(xs, ws, padding)
+    conv_passes_match_torch(xs, ws, padding)
 
 
 def test_half_precision_passes_match_torch(forced) -> None:
-    _passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2)
+    conv_passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2)
 
 
 @pytest.mark.parametrize("parts", [2, 4])
 def test_weight_gradient_in_parts_matches_torch(forced, parts: int) -> None:
     # the reduction over the batch's pixels cut into parts along the batch, as on a GPU with few tiles
     forced.setattr(functional, "split_k_parts", lambda *a, p=parts, **k: p)
-    _passes_match_torch((4, 3, 5, 5), (6, 3, 3, 3), 1)
+    conv_passes_match_torch((4, 3, 5, 5), (6, 3, 3, 3), 1)
 
 
 @settings(max_examples=8, deadline=None)
@@ -100,7 +74,7 @@ def test_random_shapes_match_torch(n, cin, cout, size, k, before, after) -> None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(functional, "IM2COL_CHANNELS", 1)
         mp.setattr(functional, "_matmul_units", lambda device, dtype: True)
-        _passes_match_torch((n, cin, size + 1, size), (cout, cin, k, k), (before, after, after, before))
+        conv_passes_match_torch((n, cin, size + 1, size), (cout, cin, k, k), (before, after, after, before))
 
 
 def test_second_derivatives_match_torch(forced) -> None:
@@ -132,31 +106,12 @@ def test_the_forward_stores_the_window_matrix_once(forced) -> None:
 # *** which convolutions take it ***
 
 
-@pytest.fixture
-def emulated_gpu():
-    """The PYTHON device rendering for a GPU with CUDA's tensor cores."""
-    py = pytest.importorskip("lazygrad_python")
-    cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
-    from lazygrad import engine
-    from lazygrad_uop.registry import Device
-
-    dev = Device["PYTHON"]
-    before = dev.renderer
-    engine._runners.clear()
-    dev.use_renderer(
-        py.PythonRenderer(py.GPUTarget(name="TCGPU", tensor_cores=cores.TENSOR_CORES["sm_80"], warp_size=32))
-    )
-    yield dev
-    dev.use_renderer(before)
-    engine._runners.clear()
-
-
 def _takes(x: Tensor, w: Tensor, stride: int = 1, groups: int = 1, dilation: int = 1) -> bool:
     pads = functional._pads(1, w.shape[2:], (dilation,) * 2)
     return functional._im2col_pays(x, w, groups, (stride,) * 2, (dilation,) * 2, pads, None)
 
 
-def test_gpu_convolutions_with_many_output_channels_take_it(emulated_gpu) -> None:
+def test_gpu_convolutions_with_many_output_channels_take_it(tensor_core_gpu) -> None:
     def take(cin=256, cout=256, dtype=dtypes.float16, device="PYTHON", **kw) -> bool:
         x = Tensor.empty(8, cin, 7, 7, dtype=dtype, device=device)
         return _takes(x, Tensor.empty(cout, cin // kw.get("groups", 1), 3, 3, dtype=dtype, device=device), **kw)
@@ -172,11 +127,11 @@ def test_gpu_convolutions_with_many_output_channels_take_it(emulated_gpu) -> Non
     assert not take(device="CPU")
 
 
-def test_emulated_gpu_passes_match_torch(emulated_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_passes_on_an_emulated_tensor_core_gpu_match_torch(tensor_core_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(functional, "IM2COL_CHANNELS", 16)
     x = Tensor.empty(2, 8, 6, 6, dtype=dtypes.float16, device="PYTHON")
     assert _takes(x, Tensor.empty(16, 8, 3, 3, dtype=dtypes.float16, device="PYTHON"))
-    _passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
+    conv_passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
     # the matmuls ran on the tensor cores
     from lazygrad import engine
 

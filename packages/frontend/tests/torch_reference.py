@@ -1,14 +1,17 @@
 """Helpers of the Tensor API tests: run an op in lazygrad and in torch (the test-only reference) on the same random
-inputs and compare the outputs (shape, dtype, values) and, for float inputs, the gradients of a random weighting."""
+inputs and compare the outputs (shape, dtype, values) and, for float inputs, the gradients of a random weighting;
+`conv_passes_match_torch` does so for a convolution's forward and both gradients."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from lazygrad import Tensor
+from lazygrad_uop.dtype import DType, dtypes
 
 
 def rand(shape: Sequence[int], seed: int, low: float = -2.0, high: float = 2.0, dtype: Any = np.float32) -> np.ndarray:
@@ -72,3 +75,43 @@ def compare(
             np.testing.assert_allclose(
                 x.grad.numpy(), t.grad.numpy(), rtol=grad_tol[0], atol=grad_tol[1], err_msg=f"gradient of input {i}"
             )
+
+
+def conv_passes_match_torch(
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    padding: Any,
+    groups: int = 1,
+    stride: Any = 1,
+    dilation: Any = 1,
+    dtype: DType = dtypes.float32,
+    tol: float = 1e-4,
+    device: str | None = None,
+) -> None:
+    """conv2d of seeded random inputs of shapes `xs` and `ws` in `dtype` on `device`, its forward, input gradient and
+    weight gradient (from a random output gradient) against torch's in float64 from the same values rounded to
+    `dtype`. A flat padding of two values per spatial dim is torch's F.pad before the convolution."""
+    import torch
+
+    fn = torch.nn.functional
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x_np = rng.standard_normal(xs).astype(np.float32)
+    w_np = (rng.standard_normal(ws) / math.sqrt(math.prod(ws[1:]))).astype(np.float32)
+    x = Tensor(x_np, device=device).cast(dtype).requires_grad_()
+    w = Tensor(w_np, device=device).cast(dtype).requires_grad_()
+    out = x.conv2d(w, groups=groups, stride=stride, dilation=dilation, padding=padding)
+    tdt = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16}.get(dtype, torch.float32)
+    tx, tw = (torch.from_numpy(v).to(tdt).double().requires_grad_() for v in (x_np, w_np))
+    pad, tx_in = padding, tx
+    if isinstance(padding, tuple) and len(padding) == 2 * (len(xs) - 2):
+        tx_in, pad = fn.pad(tx, padding), 0
+    conv = {3: fn.conv1d, 4: fn.conv2d, 5: fn.conv3d}[len(xs)]
+    tout = conv(tx_in, tw, stride=stride, padding=pad, dilation=dilation, groups=groups)
+    assert out.shape == tuple(tout.shape)
+    g_np = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
+    dx, dw = out.gradient(x, w, gradient=Tensor(g_np, device=device).cast(dtype))
+    tdx, tdw = torch.autograd.grad(tout, (tx, tw), torch.from_numpy(g_np).to(tdt).double())
+    for got, want in ((out, tout), (dx, tdx), (dw, tdw)):
+        assert got.dtype == dtype
+        ref = want.detach().numpy()
+        np.testing.assert_allclose(got.float().numpy(), ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
