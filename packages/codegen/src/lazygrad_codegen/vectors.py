@@ -242,9 +242,10 @@ def memory_widths(renderer: Renderer, itemsize: int = 4) -> tuple[tuple[int, ...
 
 
 def split_offset(idx: UOp) -> tuple[UOp | None, int]:
-    """An index as (base, constant offset): `base + c` gives (base, c), a constant (None, c). A 64-bit index whose last
-    term is a widened 32-bit sum with a constant, `a + cast(b + c)`, gives (`a + cast(b)`, c) where `b + c` can't
-    overflow: a kernel indexing in 64 bits computes a lane's offset within its tile in 32 (a padded matmul's stores)."""
+    """An index as (base, constant offset): `base + c` gives (base, c), constants added on top of each other summed
+    (`(base + c1) + c2` gives (base, c1 + c2)), a constant (None, c). A 64-bit index whose last term is a widened
+    32-bit sum with a constant, `a + cast(b + c)`, gives (`a + cast(b)`, c) where `b + c` can't overflow: a kernel
+    indexing in 64 bits computes a lane's offset within its tile in 32 (a padded matmul's stores)."""
     if idx.op is Ops.CONST:
         return None, idx.arg
     if idx.op is Ops.ADD and idx.src[1].op is Ops.CONST:
