@@ -21,7 +21,12 @@ How the IR is shaped, and why:
 - vectors are LLVM vectors (`<8 x float>`): a vector LOAD or STORE moves consecutive elements (aligned to one
   element), `VECTORIZE` is a constant vector, a splat, a `shufflevector` when its lanes are lanes of one or two
   vectors, or else a chain of `insertelement`, `GEP` an `extractelement` or a `shufflevector`; the multiplies and
-  adds of a reduction carry `contract` too, so LLVM fuses them into FMAs.
+  adds of a reduction carry `contract` too, so LLVM fuses them into FMAs;
+- on targets with `polynomial_math` (the CPU), float32 and float16 exp2, log2 and sin call `llvm_math`'s functions,
+  defined in the module, instead of LLVM's intrinsics, which the host lowers to a C library call per lane;
+- on targets with `prefetch_bytes` (the CPU), a vector load in a reduction's innermost loop whose address steps
+  forward by a constant asks for the line it will read that many bytes later (`llvm.prefetch`): measured on the 2-core
+  Xeon, a 256 MiB sum read 33 GB/s with it against 27-29 without.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ import re
 import struct
 from typing import ClassVar
 
+from lazygrad_codegen import llvm_math
 from lazygrad_codegen.cstyle import kernel_function_name
 from lazygrad_codegen.vectors import split_offset
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp
+from lazygrad_uop.views import linear_strides
 
 _LTYPE: dict[DType, str] = {
     dtypes.bool: "i1",
@@ -54,6 +61,8 @@ _LTYPE: dict[DType, str] = {
     dtypes.float64: "double",
 }
 _INTRINSIC_SUFFIX = {"half": "f16", "float": "f32", "double": "f64"}
+# computed by llvm_math's polynomials on renderers with `polynomial_math`
+_POLYNOMIAL_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
 _MATH_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 
 
@@ -123,6 +132,8 @@ class LLVMFunction:
         self.allocas: list[str] = []
         self.lines: list[str] = []
         self.declares: set[str] = set()
+        # functions the module defines beside the kernel (llvm_math's), by name
+        self.definitions: dict[str, str] = {}
         self.params: list[str] = []
         self.n = 0
         self.index_math = _index_math(uops)
@@ -140,6 +151,9 @@ class LLVMFunction:
             _based_indexes(uops, users, self.gathered) if renderer.based_addresses else ({}, set(), set())
         )
         self.base_ptr: dict[tuple[UOp, UOp], str] = {}
+        # the loops open where the UOp being rendered is, innermost last, and the loops reductions run over
+        self.open_loops: list[UOp] = []
+        self.reduce_loops = {r for u in uops if u.op is Ops.DEFINE_ACC for r in u.src[1:]}
 
     def tmp(self) -> str:
         """A fresh SSA name."""
@@ -315,6 +329,8 @@ class LLVMFunction:
             return self.op(f"fneg {t} {a[0]}" if is_float else f"sub {t} zeroinitializer, {a[0]}")
         if op is Ops.RECIP:
             return self.op(f"fdiv {t} {self.splat(lconst(1.0, dt), s, n)}, {a[0]}")
+        if op in _POLYNOMIAL_MATH and self.renderer.polynomial_math and dt in (dtypes.float32, dtypes.float16):
+            return self.polynomial(_POLYNOMIAL_MATH[op], dt, n, a[0])
         if op in _MATH_INTRINSICS:
             return self.call(t, f"llvm.{_MATH_INTRINSICS[op]}.{_intrinsic_suffix(s, n)}", [(t, a[0])])
         if op is Ops.MULACC:
@@ -322,6 +338,19 @@ class LLVMFunction:
                 return self.call(t, f"llvm.fmuladd.{_intrinsic_suffix(s, n)}", [(t, x) for x in a])
             return self.op(f"add {t} {self.op(f'mul {t} {a[0]}, {a[1]}')}, {a[2]}")
         raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
+
+    def polynomial(self, op: str, dt: DType, n: int, x: str) -> str:
+        """`op` of `x` (float32 or float16, n lanes) by `llvm_math`'s function, which the module then defines; a
+        float16 is computed in float32 and rounded back."""
+        name = llvm_math.function_name(op, n)
+        if name not in self.definitions:
+            self.definitions[name], declares = llvm_math.definition(op, n)
+            self.declares |= declares
+        f32 = _vector_type("float", n)
+        if dt == dtypes.float16:
+            wide = self.op(f"fpext {_vector_type('half', n)} {x} to {f32}")
+            return self.op(f"fptrunc {f32} {self.op(f'call {f32} @{name}({f32} {wide})')} to {_vector_type('half', n)}")
+        return self.op(f"call {f32} @{name}({f32} {x})")
 
     def vectorize(self, u: UOp) -> str:
         """The vector of `u`'s scalar sources: a constant vector, a splat, or a chain of insertelements."""
@@ -464,7 +493,10 @@ class LLVMFunction:
             go = self.op(f"icmp slt {it} {r}, {self.get(src[0])}")
             self.emit(f"br i1 {go}, label %loop_body_{k}, label %loop_exit_{k}")
             self.label(f"loop_body_{k}")
+            self.open_loops.append(u)
         elif op is Ops.END:
+            if self.open_loops and self.open_loops[-1] is src[0]:
+                self.open_loops.pop()
             k = self.position[src[0]]
             r = self.val[src[0]]
             self.emit(f"br label %loop_latch_{k}")
@@ -499,6 +531,7 @@ class LLVMFunction:
                     f"select i1 {self.get(src[2])}, {ltype(u.dtype)} {value}, {ltype(u.dtype)} {self.get(src[1])}"
                 )
             self.val[u] = value
+            self.prefetch(u)
         elif op is Ops.STORE:
             dtype = src[1].dtype
             value = self.get(src[1])
@@ -535,11 +568,34 @@ class LLVMFunction:
         else:
             raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
 
+    def prefetch(self, load: UOp) -> None:
+        """Ask for the line that vector `load` reads `prefetch_bytes` (rounded up to whole iterations) from now, when
+        it is in a reduction's innermost loop and its address steps forward by a constant each iteration."""
+        ahead = self.renderer.prefetch_bytes
+        if not ahead or not self.open_loops or load.dtype.count == 1 or len(load.src) == 3:
+            return
+        loop, index = self.open_loops[-1], load.src[0]
+        if loop not in self.reduce_loops or index.op is not Ops.INDEX:
+            return
+        (stride,) = linear_strides(index.src[1], UOp.const(dtypes.bool, True), [loop])
+        if not isinstance(stride, int) or stride <= 0:
+            return
+        step = stride * load.dtype.scalar().itemsize
+        # a loop that reads less than twice as far as the prefetch looks ahead would ask mostly for lines it never
+        # reads (the next rows of a short reduction, which other threads may own)
+        if loop.src[0].op is not Ops.CONST or loop.src[0].arg * step < 2 * ahead:
+            return
+        later = self.op(f"getelementptr i8, ptr {self.get(index)}, i64 {-(-ahead // step) * step}")
+        # read (0), keep in every cache level (3), data (1)
+        self.declares.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+        self.emit(f"call void @llvm.prefetch.p0(ptr {later}, i32 0, i32 3, i32 1)")
+
     def source(self, name: str, attributes: str) -> str:
         """The module text: the function `name` with function `attributes`, and the declarations it needs."""
         head = f"define void @{name}({', '.join(self.params)}) #0 {{"
         body = [head, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
-        return "\n".join([*body, f"attributes #0 = {{ {attributes} }}", *sorted(self.declares), ""])
+        helpers = [self.definitions[k] for k in sorted(self.definitions)]
+        return "\n".join([*body, f"attributes #0 = {{ {attributes} }}", *helpers, *sorted(self.declares), ""])
 
 
 def _accumulation(uops: list[UOp]) -> set[UOp]:
@@ -705,6 +761,13 @@ class LLVMRenderer(Renderer):
     # whether a buffer's element `base + c` is addressed as a constant offset from one pointer per (buffer, base),
     # computed where `base` is: LLVM then has one address computation per base to optimise instead of one per load
     based_addresses = False
+    # bytes ahead of a vector load in a reduction's innermost loop to ask the cache for (`llvm.prefetch`), where the
+    # load's address steps by a constant each iteration; 0: none. A stream read by a reduction alone leaves the
+    # core waiting on memory with the hardware prefetcher's lines only (the CPU sets this)
+    prefetch_bytes = 0
+    # float32 (and float16) exp2, log2 and sin as `llvm_math`'s polynomials instead of LLVM's intrinsics, which the
+    # CPU lowers to a C library call per lane
+    polynomial_math = False
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""

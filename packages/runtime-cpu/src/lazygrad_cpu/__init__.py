@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 __all__, __getattr__ = lazy_exports(
     __name__,

@@ -23,6 +23,8 @@ CORE_START, CORE_END = "%core_start", "%core_end"
 # compiles ResNet-18's kernels in about 0.6x the time, but on the x86 CPUs measured some kernels ran 2-4x slower
 # (gathers inside reductions, a weight gradient's): for quick first runs, off by default
 CPU_GATHERS = ContextVar("CPU_GATHERS", 0)
+# bytes ahead of a reduction's streamed vector loads to prefetch (0: none)
+CPU_PREFETCH = ContextVar("CPU_PREFETCH", 4096)
 
 
 def arity_symbol(name: str) -> str:
@@ -54,10 +56,13 @@ class CPURenderer(LLVMRenderer):
     # a strided or padded view's lanes are constant offsets from one pointer: a third less time in LLVM for
     # ResNet-18's kernels, the same machine code
     based_addresses = True
+    # exp2, log2 and sin on whole vectors (lazygrad_codegen.llvm_math): LLVM would call the C library once per lane
+    polynomial_math = True
 
     def __init__(self) -> None:
         # the setting when the renderer is made, as an instance attribute: the program cache keys on those
         self.gathers = bool(CPU_GATHERS.value)
+        self.prefetch_bytes = int(CPU_PREFETCH.value)
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """Open the loop over this call's range of core0; `render` closes it at the end of the function."""
