@@ -60,6 +60,8 @@ _LTYPE: dict[DType, str] = {
     dtypes.float32: "float",
     dtypes.float64: "double",
 }
+# the metadata node marking a store non-temporal
+NONTEMPORAL = 0
 _INTRINSIC_SUFFIX = {"half": "f16", "float": "f32", "double": "f64"}
 # computed by llvm_math's polynomials on renderers with `polynomial_math`
 _POLYNOMIAL_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
@@ -134,6 +136,8 @@ class LLVMFunction:
         self.declares: set[str] = set()
         # functions the module defines beside the kernel (llvm_math's), by name
         self.definitions: dict[str, str] = {}
+        # whether any store is non-temporal
+        self.streamed = False
         self.params: list[str] = []
         self.n = 0
         self.index_math = _index_math(uops)
@@ -539,7 +543,9 @@ class LLVMFunction:
                 value = self.op(f"zext {ltype(dtype)} {value} to {mtype(dtype)}")
             align = max(dtype.scalar().itemsize, 1)
             store = f"store {mtype(dtype)} {value}, ptr {self.get(src[0])}, align {align}"
-            if len(src) == 3:
+            if len(src) == 2 and self.streams(u):
+                self.stream_store(u, store)
+            elif len(src) == 3:
                 k = self.position[u]
                 self.emit(f"br i1 {self.get(src[2])}, label %store_{k}, label %stored_{k}")
                 self.label(f"store_{k}")
@@ -568,6 +574,36 @@ class LLVMFunction:
         else:
             raise NotImplementedError(f"the LLVM renderer can't render {op} yet")
 
+    def streams(self, store: UOp) -> bool:
+        """Whether vector `store` writes a buffer of at least `stream_bytes`: one the caches would not keep until it
+        is read again anyway."""
+        least, index, value = self.renderer.stream_bytes, store.src[0], store.src[1]
+        if not least or value.dtype.count == 1 or index.op is not Ops.INDEX:
+            return False
+        buf = index.src[0]
+        return (
+            buf.op is Ops.DEFINE_GLOBAL
+            and isinstance(buf.dtype, PtrDType)
+            and buf.dtype.size * buf.dtype.base.itemsize >= least
+        )
+
+    def stream_store(self, store: UOp, plain: str) -> None:
+        """`plain` (the text of vector `store`) as a non-temporal store where its address is aligned to its size
+        (which the instruction needs), else as it is."""
+        k, dtype = self.position[store], store.src[1].dtype
+        size = dtype.itemsize
+        address = self.op(f"ptrtoint ptr {self.get(store.src[0])} to i64")
+        aligned = self.op(f"icmp eq i64 {self.op(f'and i64 {address}, {size - 1}')}, 0")
+        self.emit(f"br i1 {aligned}, label %stream_{k}, label %cached_{k}")
+        self.label(f"stream_{k}")
+        self.emit(plain.rsplit(", align", 1)[0] + f", align {size}, !nontemporal !{NONTEMPORAL}")
+        self.emit(f"br label %stored_{k}")
+        self.label(f"cached_{k}")
+        self.emit(plain)
+        self.emit(f"br label %stored_{k}")
+        self.label(f"stored_{k}")
+        self.streamed = True
+
     def prefetch(self, load: UOp) -> None:
         """Ask for the line that vector `load` reads `prefetch_bytes` (rounded up to whole iterations) from now, when
         it is in a reduction's innermost loop and its address steps forward by a constant each iteration."""
@@ -594,8 +630,14 @@ class LLVMFunction:
         """The module text: the function `name` with function `attributes`, and the declarations it needs."""
         head = f"define void @{name}({', '.join(self.params)}) #0 {{"
         body = [head, "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+        if self.streamed:
+            # non-temporal stores are weakly ordered: they reach memory before the kernel returns
+            body.insert(-2, "  fence seq_cst")
         helpers = [self.definitions[k] for k in sorted(self.definitions)]
-        return "\n".join([*body, f"attributes #0 = {{ {attributes} }}", *helpers, *sorted(self.declares), ""])
+        metadata = [f"!{NONTEMPORAL} = !{{i32 1}}"] if self.streamed else []
+        return "\n".join(
+            [*body, f"attributes #0 = {{ {attributes} }}", *helpers, *sorted(self.declares), *metadata, ""]
+        )
 
 
 def _accumulation(uops: list[UOp]) -> set[UOp]:
@@ -768,6 +810,9 @@ class LLVMRenderer(Renderer):
     # float32 (and float16) exp2, log2 and sin as `llvm_math`'s polynomials instead of LLVM's intrinsics, which the
     # CPU lowers to a C library call per lane
     polynomial_math = False
+    # vector stores to a buffer of at least this many bytes bypass the caches (non-temporal, where aligned); 0: never.
+    # A store that misses the cache reads the line first: a write costs two transfers where this one costs one
+    stream_bytes = 0
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """The value of hardware index `u` (a SPECIAL); targets without hardware indices have none."""

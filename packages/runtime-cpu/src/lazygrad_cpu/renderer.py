@@ -4,6 +4,9 @@ so that `CPUProgram` can hand each core a contiguous part of it."""
 
 from __future__ import annotations
 
+import functools
+import glob
+import os
 from typing import ClassVar
 
 from lazygrad_codegen.cstyle import kernel_function_name
@@ -25,6 +28,27 @@ CORE_START, CORE_END = "%core_start", "%core_end"
 CPU_GATHERS = ContextVar("CPU_GATHERS", 0)
 # bytes ahead of a reduction's streamed vector loads to prefetch (0: none)
 CPU_PREFETCH = ContextVar("CPU_PREFETCH", 4096)
+# vector stores to buffers of this many bytes or more are non-temporal (they bypass the caches); -1: half the
+# last-level cache (an output that size would not stay cached until read, with its inputs beside it); 0: never
+CPU_STREAM_STORES = ContextVar("CPU_STREAM_STORES", -1)
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The size of the host's largest data cache, from Linux's sysfs; 32 MiB where it can't be read."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if kind != "Instruction" and text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+    return max(sizes, default=32 << 20)
 
 
 def arity_symbol(name: str) -> str:
@@ -63,6 +87,8 @@ class CPURenderer(LLVMRenderer):
         # the setting when the renderer is made, as an instance attribute: the program cache keys on those
         self.gathers = bool(CPU_GATHERS.value)
         self.prefetch_bytes = int(CPU_PREFETCH.value)
+        stream = int(CPU_STREAM_STORES.value)
+        self.stream_bytes = last_level_cache_bytes() // 2 if stream < 0 else stream
 
     def render_special(self, fn: LLVMFunction, u: UOp) -> str:
         """Open the loop over this call's range of core0; `render` closes it at the end of the function."""

@@ -1,10 +1,12 @@
-"""Two things the CPU's renderer does for speed, checked on kernels run on the CPU against numpy:
+"""Three things the CPU's renderer does for speed, checked on kernels run on the CPU against numpy:
 
 - exp2, log2 and sin of float32, float16 and bfloat16 vectors are `lazygrad_codegen.llvm_math`'s polynomials, not
   LLVM's intrinsics (a C library call per lane): the same answers as numpy's float64, rounded, within 2 float32
   units in the last place, over the whole range and for 0, inf and NaN;
 - a reduction's innermost loop that streams through memory prefetches its vector loads `CPU_PREFETCH` bytes ahead
-  (rounded up to whole iterations), and only there."""
+  (rounded up to whole iterations), and only there;
+- vector stores to a buffer of `CPU_STREAM_STORES` bytes or more (half the last-level cache by default) are
+  non-temporal where their address is aligned, and plain where it is not, with a fence before the kernel returns."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from lazygrad_codegen import get_program
-from lazygrad_cpu.renderer import CPU_PREFETCH, CPURenderer
+from lazygrad_cpu.renderer import CPU_PREFETCH, CPURenderer, last_level_cache_bytes
 from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
@@ -156,3 +158,54 @@ def test_no_prefetch_when_off_or_outside_reductions(cpu, k) -> None:
     st = k.st(1 << 16)
     double = k.sink(k.store(0, k.load(1, dtypes.float32, st) * 2, st))
     assert _prefetches(get_program(double, cpu.renderer).src) == []
+
+
+def _scale_kernel(k, n: int):
+    st = k.st(n)
+    return k.sink(k.store(0, k.load(1, dtypes.float32, st) * 2 + 1, st))
+
+
+def _streamed(src: str) -> int:
+    return src.count("!nontemporal !0")
+
+
+def test_large_outputs_stream_past_the_caches(cpu, k) -> None:
+    n = 1 << 14
+    with Context(CPU_STREAM_STORES=4 * n):
+        streaming = CPURenderer()
+    assert streaming.stream_bytes == 4 * n
+    spec = get_program(_scale_kernel(k, n), streaming)
+    assert _streamed(spec.src) > 0 and "fence seq_cst" in spec.src and "!0 = !{i32 1}" in spec.src
+    # one byte smaller than the output: the same kernel streams; one byte larger: it doesn't
+    with Context(CPU_STREAM_STORES=4 * n + 1):
+        assert _streamed(get_program(_scale_kernel(k, n), CPURenderer()).src) == 0
+    with Context(CPU_STREAM_STORES=0):
+        assert _streamed(get_program(_scale_kernel(k, n), CPURenderer()).src) == 0
+
+
+@pytest.mark.parametrize("misalign", [0, 4, 60])
+def test_streamed_stores_at_any_alignment(cpu, k, misalign: int) -> None:
+    """Non-temporal stores need an address aligned to their size: an output that starts anywhere else is written
+    by the plain stores beside them, with the same result."""
+    n = 1 << 14
+    with Context(CPU_STREAM_STORES=4096):
+        spec = get_program(_scale_kernel(k, n), CPURenderer())
+    assert _streamed(spec.src) > 0
+    program = cpu.load_program(spec.name, cpu.compiler.compile(spec.src))
+    data = RNG.standard_normal(n).astype(np.float32)
+    alloc = cpu.allocator
+    src_buf, whole = alloc.alloc(4 * n), alloc.alloc(4 * n + 64)
+    alloc.copyin(src_buf, memoryview(data).cast("B"))
+    out = alloc._offset(whole, 4 * n, misalign)
+    args = {0: out, 1: src_buf}
+    program(*[args[slot] for slot in spec.globals], global_size=spec.global_size, local_size=spec.local_size)
+    got = np.empty(n, np.float32)
+    alloc.copyout(memoryview(got).cast("B"), out)
+    np.testing.assert_array_equal(got, data * np.float32(2) + np.float32(1))
+
+
+def test_stream_threshold_default_is_half_the_last_level_cache() -> None:
+    llc = last_level_cache_bytes()
+    assert llc >= 1 << 20
+    with Context(CPU_STREAM_STORES=-1):
+        assert CPURenderer().stream_bytes == llc // 2
