@@ -7,6 +7,7 @@ README), so that they don't depend on the optimisations codegen chooses; the end
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import threading
@@ -14,10 +15,13 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
+from lazygrad_cpu import threads as threads_module
 from lazygrad_cpu.program import MIN_PART_SECONDS, PARTS_PER_THREAD, CPUProgram
 from lazygrad_cpu.renderer import CPURenderer
-from lazygrad_cpu.threads import POOL, ThreadPool, split, thread_count, usable_cores
+from lazygrad_cpu.threads import COPY_GRAIN, POOL, ThreadPool, memmove, split, thread_count, usable_cores
 from lazygrad_uop.config import Context
 from lazygrad_uop.device import CompiledDevice
 from lazygrad_uop.dtype import dtypes
@@ -25,6 +29,17 @@ from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 
 RNG = np.random.default_rng(7)
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, value):
+    """`obj.name` set to `value` for the block."""
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
 
 
 def _global(slot: int, size: int) -> UOp:
@@ -342,3 +357,42 @@ def test_codegen_kernels_split_over_cores_match_numpy(run_with_spec, k, threads:
 
 def test_cpu_renderer_has_threads_and_no_local() -> None:
     assert CPURenderer.has_threads and not CPURenderer.has_local and not CPURenderer.has_shared
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=hs.integers(0, 3 * COPY_GRAIN + 17),
+    src_offset=hs.integers(0, 63),
+    dest_offset=hs.integers(0, 63),
+    threads=hs.integers(1, 3),
+)
+def test_parallel_memmove_copies_every_byte_once(size: int, src_offset: int, dest_offset: int, threads: int) -> None:
+    """Copies from and to any alignment, split into parts of whole grains over the threads (the threshold lowered
+    to 0 so that small copies split too), leave every byte copied and none beside them touched."""
+    src = RNG.integers(0, 256, size + src_offset, dtype=np.uint8)
+    dest = np.full(size + dest_offset + 8, 7, np.uint8)
+    with Context(CPU_THREADS=threads), _patched(threads_module, "PARALLEL_COPY_MIN_BYTES", 0):
+        memmove(dest.ctypes.data + dest_offset, src.ctypes.data + src_offset, size)
+    np.testing.assert_array_equal(dest[dest_offset : dest_offset + size], src[src_offset:])
+    assert (dest[:dest_offset] == 7).all() and (dest[dest_offset + size :] == 7).all()
+
+
+def test_large_copies_use_every_thread(cpu) -> None:
+    """A copy of at least PARALLEL_COPY_MIN_BYTES runs one part per thread; a smaller one runs on this thread."""
+    seen: list[tuple[int, int]] = []
+    real = POOL.run
+
+    def spy(job, parts, threads):
+        seen.append((len(parts), threads))
+        return real(job, parts, threads)
+
+    n = threads_module.PARALLEL_COPY_MIN_BYTES
+    data = RNG.integers(0, 256, n, dtype=np.uint8)
+    handle = cpu.allocator.alloc(n)
+    with Context(CPU_THREADS=2), _patched(POOL, "run", spy):
+        cpu.allocator.copyin(handle, memoryview(data))
+        out = np.empty_like(data)
+        cpu.allocator.copyout(memoryview(out), handle)
+        cpu.allocator.copyin(handle, memoryview(data[: n - 1]))
+    np.testing.assert_array_equal(out, data)
+    assert seen == [(2, 2), (2, 2)]

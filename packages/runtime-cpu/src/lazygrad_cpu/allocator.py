@@ -7,6 +7,9 @@ import ctypes
 import mmap
 from dataclasses import dataclass
 
+import numpy as np
+
+from lazygrad_cpu.threads import memmove
 from lazygrad_uop.device import BufferSpec, CompiledDevice, LRUAllocator
 
 _PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if hasattr(mmap, "MAP_PRIVATE") else None
@@ -30,6 +33,12 @@ class CPUBuffer:
     offset: int
     size: int
     addr: int
+
+
+def _address_of(view: memoryview) -> int:
+    """The address of the first byte of host memory `view` (contiguous bytes, as `Allocator.copyin` and `copyout`
+    pass them); 0 for an empty one, which nothing reads."""
+    return np.frombuffer(view, np.uint8).ctypes.data if view.nbytes else 0
 
 
 def _address(mem: mmap.mmap) -> int:
@@ -67,17 +76,17 @@ class CPUAllocator(LRUAllocator):
         # and closing it under that array would leave it pointing at unmapped memory.
         del handle
 
-    # memoryview slice assignment is a plain memcpy between the two memories, and unlike ctypes.memmove it needs no
-    # writable source to take an address from
+    # memcpy, on several threads for large copies (`threads.memmove`); numpy gives the address of a read-only source
+    # too (bytes), which ctypes would not
     def _copyin(self, dest: CPUBuffer, src: memoryview) -> None:
         if src.nbytes > dest.size:
             raise ValueError(f"copyin of {src.nbytes} bytes into a CPU buffer of {dest.size} bytes")
-        self._as_buffer(dest)[: src.nbytes] = src
+        memmove(dest.addr, _address_of(src), src.nbytes)
 
     def _copyout(self, dest: memoryview, src: CPUBuffer) -> None:
         if dest.nbytes > src.size:
             raise ValueError(f"copyout of {dest.nbytes} bytes from a CPU buffer of {src.size} bytes")
-        dest[:] = self._as_buffer(src)[: dest.nbytes]
+        memmove(_address_of(dest), src.addr, dest.nbytes)
 
     def _transfer(
         self, dest: CPUBuffer, src: CPUBuffer, size: int, src_device: CompiledDevice, dest_device: CompiledDevice
@@ -85,7 +94,7 @@ class CPUAllocator(LRUAllocator):
         # every CPU device's memory is host memory: a copy between two is one memcpy, with no staging buffer
         if size > min(src.size, dest.size):
             raise ValueError(f"transfer of {size} bytes between CPU buffers of {src.size} and {dest.size} bytes")
-        ctypes.memmove(dest.addr, src.addr, size)
+        memmove(dest.addr, src.addr, size)
 
     def _offset(self, handle: CPUBuffer, size: int, offset: int) -> CPUBuffer:
         if offset < 0 or offset + size > handle.size:

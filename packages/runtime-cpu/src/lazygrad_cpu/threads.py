@@ -9,6 +9,7 @@ fewer parts instead of holding up the whole launch."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import queue
@@ -126,3 +127,25 @@ class ThreadPool:
 POOL = ThreadPool()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=POOL._forget_workers)
+
+
+# copies this large are split over the pool's threads: one core's memcpy reads and writes about half of what two
+# cores' do (22 against 42 GB/s counted on the 2-core Xeon measured), and waking the workers costs less than a part
+PARALLEL_COPY_MIN_BYTES = 8 << 20
+# the parts of a parallel copy start at multiples of this many bytes (whole pages of both sides when both are)
+COPY_GRAIN = 4096
+
+
+def memmove(dest: int, src: int, size: int) -> None:
+    """Copy `size` bytes from address `src` to address `dest` (not overlapping), on `CPU_THREADS` threads when it
+    is large."""
+    threads = thread_count()
+    if size < PARALLEL_COPY_MIN_BYTES or threads == 1:
+        ctypes.memmove(dest, src, size)
+        return
+    # one part per thread, as large as can be: the C library's memcpy bypasses the caches (non-temporal stores) only
+    # for copies larger than some threshold, and two 64 MiB parts of a 256 MiB copy ran at half the speed of one
+    # 128 MiB part per thread on the machine measured
+    grains = -(-size // COPY_GRAIN)
+    parts = [(a * COPY_GRAIN, min(b * COPY_GRAIN, size)) for a, b in split(grains, threads)]
+    POOL.run(lambda start, end: ctypes.memmove(dest + start, src + start, end - start), parts, threads)
