@@ -3,8 +3,8 @@
 - exp2, log2 and sin of float32, float16 and bfloat16 vectors are `lazygrad_codegen.llvm_math`'s polynomials, not
   LLVM's intrinsics (a C library call per lane): the same answers as numpy's float64, rounded, within 2 float32
   units in the last place, over the whole range and for 0, inf and NaN;
-- a reduction's innermost loop that streams through memory prefetches its vector loads `CPU_PREFETCH` bytes ahead
-  (rounded up to whole iterations), and only there;
+- a reduction's innermost loop that steps through memory prefetches its vector loads as many iterations ahead as
+  it takes to read `CPU_PREFETCH` bytes, and only there;
 - vector stores to a buffer of `CPU_STREAM_STORES` bytes or more (half the last-level cache by default) are
   non-temporal where their address is aligned, and plain where it is not, with a fence before the kernel returns."""
 
@@ -132,20 +132,27 @@ def test_streamed_reductions_prefetch(cpu, k, run_with_spec, rows: int, n: int, 
         # a loop that reads less than twice the distance in all would ask mostly for lines it never reads
         assert distances == []
         return
-    # every vector load of the loop, the setting ahead rounded up to whole iterations (the same for all of them)
+    # every vector load of the loop, the same distance: the setting, rounded up to whole iterations of a stream
     assert len(distances) == len(re.findall(r"load <\d+ x float>, ptr %v\d+, align", spec.src))
     assert len(set(distances)) == 1 and CPU_PREFETCH.value <= distances[0] < CPU_PREFETCH.value + 4 * n
 
 
-def test_strided_reduction_prefetches_whole_rows_ahead(cpu, k, run_with_spec) -> None:
-    """A sum down columns (each iteration of the reduction reads the next row) prefetches the rows ahead."""
-    n, cols = 1024, 64
-    view = k.st(n, cols).permute((1, 0))
+def test_strided_reduction_prefetches_as_many_iterations_ahead(cpu, k, run_with_spec) -> None:
+    """A sum down the columns of a wide matrix reads a piece of each row per iteration: it prefetches as many rows
+    ahead as it takes to read `CPU_PREFETCH` bytes, whole rows apart."""
+    rows, cols = 512, 4096
+    view = k.st(rows, cols).permute((1, 0))
     ast = k.sink(k.store(0, k.reduce(k.load(1, dtypes.float32, view), Ops.ADD, (1,)), k.st(cols, 1)))
-    data = RNG.standard_normal(n * cols).astype(np.float32)
+    data = RNG.standard_normal(rows * cols).astype(np.float32)
     outs, spec = run_with_spec(ast, {1: data})
-    np.testing.assert_allclose(outs[0], data.reshape(n, cols).sum(0, dtype=np.float64), rtol=1e-4, atol=1e-3)
-    assert all(d % (4 * cols) == 0 and d >= CPU_PREFETCH.value for d in _prefetches(spec.src))
+    np.testing.assert_allclose(outs[0], data.reshape(rows, cols).sum(0, dtype=np.float64), rtol=1e-4, atol=1e-3)
+    distances = _prefetches(spec.src)
+    lanes = {int(x) for x in re.findall(r"load <(\d+) x float>, ptr %v\d+, align", spec.src)}
+    assert distances and len(lanes) == 1
+    # the bytes one iteration reads: a prefetch per vector load
+    reads = len(distances) * 4 * lanes.pop()
+    assert reads < 4 * cols, "each iteration reads part of a row"
+    assert set(distances) == {-(-CPU_PREFETCH.value // reads) * 4 * cols}
 
 
 def test_no_prefetch_when_off_or_outside_reductions(cpu, k) -> None:
