@@ -73,6 +73,24 @@ def test_forward_reads_each_row_twice_on_an_emulated_gpu(emulated_gpu: str, name
     assert reads == pytest.approx([1.0, 1.0], abs=threads / width + 1e-9), reads
 
 
+def test_the_cpu_rescales_its_sums_once_per_step() -> None:
+    """softmax's loop on the CPU keeps one vector of sums per row and rescales it once per step of several vectors:
+    one exp2 per vector of elements plus one, not two per vector (exp2 is most of its time)."""
+    x = Tensor(RNG.standard_normal((8, 4096)).astype(np.float32))
+    kernel = next(si for si in x.softmax(-1).schedule() if si.ast.op is Ops.SINK)
+    spec = get_program(kernel.ast, Device["CPU"].renderer)
+    depth, exps, loads = 0, 0, 0
+    for u in spec.uops:
+        depth += (u.op is Ops.RANGE) - (u.op is Ops.END)
+        if depth and u.op is Ops.EXP2:
+            exps += 1
+        if depth and u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.dtype.count > 1:
+            loads += 1
+    assert loads > 1 and exps == loads + 1, (exps, loads)
+    torch_out = torch.tensor(x.numpy()).softmax(-1).numpy()
+    np.testing.assert_allclose(x.softmax(-1).numpy(), torch_out, rtol=1e-6, atol=1e-7)
+
+
 def test_cross_entropy_forward_reads_the_logits_at_most_twice() -> None:
     rows, width = 16, 4096
     labels = Tensor(np.arange(rows, dtype=np.int32) * 7 % width)
