@@ -21,17 +21,21 @@ from codegen_cases import (
     run_device,
     run_python,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from lazygrad_codegen import CRenderer, Kernel, LLVMRenderer, Opt, OptOps, get_program
+from lazygrad_codegen import kernel_ast as ka
 from lazygrad_codegen import search as search_module
 from lazygrad_codegen.heuristic import hand_coded_optimizations
 from lazygrad_codegen.search import _close, _compile_all, _fork_pool, beam_search, search_key
 from lazygrad_uop.config import Context
 from lazygrad_uop.diskcache import diskcache_get
-from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.dtype import dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 
 CASES = all_cases()
+RNG_T = np.random.default_rng(31)
 
 
 class GPU(CRenderer):
@@ -199,3 +203,26 @@ def test_search_keys_and_result_comparison() -> None:
     assert not _close(dtypes.float32, f32([1.0, 2.0]), f32([1.0, 2.1]))
     assert not _close(dtypes.float32, f32([np.inf]), f32([-np.inf]))
     assert not _close(dtypes.int32, np.int32([1]).tobytes(), np.int32([2]).tobytes())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=hs.tuples(hs.integers(1, 3), hs.sampled_from([1, 5, 16, 32, 48, 96]), hs.sampled_from([3, 16, 64, 80])),
+    order=hs.sampled_from([(0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]),
+    dtype=hs.sampled_from([dtypes.float32, dtypes.float16, dtypes.int8]),
+)
+def test_cpu_transposes_read_and_write_vectors(shape, order, dtype) -> None:
+    """A permute that moves the input's contiguous axis: the CPU's default opts upcast the output's contiguous axis
+    and the input's, so that the kernel reads vectors of the input (and turns the tile in registers) instead of one
+    element per row it crosses, wherever both axes take a vector; the result is numpy's transpose."""
+    device = cpu_device()
+    a = (RNG_T.standard_normal(shape) * 50).astype(to_numpy_dtype(dtype))
+    out_shape = tuple(shape[i] for i in order)
+    ast = ka.sink(ka.store(0, ka.load(1, dtype, ka.st(*shape).permute(order), size=a.size), ka.st(*out_shape)))
+    outs, spec = run_device(ast, device, None, {1: a})
+    np.testing.assert_array_equal(outs[0].reshape(out_shape), np.transpose(a, order))
+    width = device.renderer.vector_width
+    inner_in, inner_out = shape[-1], out_shape[-1]
+    if inner_in % width == 0 and inner_out % width == 0 and inner_in > 1 and inner_out > 1:
+        loads = [u for u in spec.uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+        assert loads and all(u.dtype.count > 1 for u in loads), [u.dtype for u in loads]
