@@ -4,6 +4,7 @@ memory or from disk, never another kernel's or another renderer's; a damaged ent
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 import tempfile
 import tomllib
@@ -189,3 +190,98 @@ def test_debug_output_is_printed_on_a_warm_cache(cachedir: Path, capsys: pytest.
     with Context(DEBUG=4):
         assert same_program(pc.cached_program(ast, CRenderer()), spec)
     assert spec.src in capsys.readouterr().out
+
+
+# *** generating many programs at once, in forked workers ***
+
+needs_fork = pytest.mark.skipif(not pc.can_fork_codegen(), reason="programs are generated in forked workers on Linux")
+
+
+def _distinct_kernels(n: int) -> list[UOp]:
+    """n different elementwise and reducing kernels."""
+    out = []
+    for i in range(n):
+        x = kernel_ast.load(1, dtypes.float32, kernel_ast.st(i + 3, 5)) * float(i + 1)
+        if i % 2:
+            out.append(
+                kernel_ast.sink(kernel_ast.store(0, kernel_ast.reduce(x, Ops.ADD, (1,)), kernel_ast.st(i + 3, 1)))
+            )
+        else:
+            out.append(kernel_ast.sink(kernel_ast.store(0, x, kernel_ast.st(i + 3, 5))))
+    return out
+
+
+@needs_fork
+@pytest.mark.parametrize("r", [CRenderer(), LLVMRenderer()], ids=["C", "LLVM"])
+def test_forked_workers_generate_the_programs_this_process_would(cachedir: Path, r: CRenderer) -> None:
+    asts = _distinct_kernels(pc.FORK_MIN_PROGRAMS + 3)
+    assert pc.generate_programs([(a, r) for a in asts + asts[:2]], 2) == len(asts)
+    generated: list[UOp] = []
+    real = pc.get_program
+    pc.get_program = lambda ast, *args: generated.append(ast) or real(ast, *args)  # type: ignore[assignment]
+    try:
+        got = [pc.cached_program(a, r) for a in asts]
+    finally:
+        pc.get_program = real
+    assert not generated, "a program the workers generated was generated again"
+    with Context(PROGRAM_CACHE=0):
+        for a, spec in zip(asts, got, strict=True):
+            # the name this process gave the kernel before the fork, and the program it would have generated
+            want = get_program(a, r)
+            assert spec.name == want.name and same_program(spec, want)
+    # on disk too, as a new process would find them
+    pc._memory.clear()
+    assert pc.generate_programs([(a, r) for a in asts], 2) == 0
+    assert all(same_program(pc.cached_program(a, r), spec) for a, spec in zip(asts, got, strict=True))
+
+
+@needs_fork
+def test_few_programs_or_one_process_stay_here(cachedir: Path) -> None:
+    r = CRenderer()
+    asts = _distinct_kernels(pc.FORK_MIN_PROGRAMS)
+    assert pc.generate_programs([(a, r) for a in asts[:-1]], 4) == 0
+    assert pc.generate_programs([(a, r) for a in asts], 1) == 0
+    with Context(BEAM=1):
+        assert not pc.can_fork_codegen() and pc.generate_programs([(a, r) for a in asts], 4) == 0
+    assert not pc._memory
+
+
+class _FailingRenderer(CRenderer):
+    """Renders every kernel but those whose input has `bad` rows of 5, on which it raises or, in a forked worker,
+    exits."""
+
+    device = "FAILING"
+
+    def __init__(self, bad: int, exit_worker: bool) -> None:
+        self.bad, self.exit_worker, self.parent = bad, exit_worker, os.getpid()
+
+    def render(self, uops):
+        if any(u.op is Ops.DEFINE_GLOBAL and u.dtype.size == self.bad * 5 for u in uops):
+            if self.exit_worker and os.getpid() != self.parent:
+                os._exit(3)
+            raise ValueError("this renderer can't render that kernel")
+        return super().render(uops)
+
+
+@needs_fork
+def test_a_codegen_error_is_raised_here_with_its_own_traceback(cachedir: Path) -> None:
+    r = _FailingRenderer(bad=4, exit_worker=False)
+    asts = _distinct_kernels(pc.FORK_MIN_PROGRAMS + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert pc.generate_programs([(a, r) for a in asts], 2) == 0
+    with pytest.raises(ValueError, match="can't render that kernel"):
+        for a in asts:
+            pc.cached_program(a, r)
+
+
+@needs_fork
+def test_a_lost_worker_warns_and_this_process_generates(cachedir: Path) -> None:
+    r = _FailingRenderer(bad=4, exit_worker=True)
+    asts = _distinct_kernels(pc.FORK_MIN_PROGRAMS + 1)
+    with pytest.warns(RuntimeWarning, match="code generation worker was lost"):
+        assert pc.generate_programs([(a, r) for a in asts], 2) == 0
+    # here the renderer raises instead of exiting
+    with pytest.raises(ValueError, match="can't render that kernel"):
+        for a in asts:
+            pc.cached_program(a, r)

@@ -88,8 +88,10 @@ def get_program(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None)
     `opts` applied, or those codegen chooses when `opts` is None."""
     if DEBUG >= 5:
         print(ast)
+    # named by the kernel asked for, before the opts rewrite it: the same name whichever process generates it
+    name = kernel_name(ast)
     k = optimized_kernel(ast, renderer) if opts is None else Kernel(ast, renderer).apply_opts(list(opts))
-    return program_of(k)
+    return program_of(k, name)
 
 
 def _renumber_accumulators(sink: UOp) -> UOp:
@@ -106,8 +108,8 @@ def _renumber_accumulators(sink: UOp) -> UOp:
 _simplify_rules = symbolic + vector_rules + cleanup_rules + expand_chunks
 
 
-def program_of(k: Kernel) -> ProgramSpec:
-    """The program of kernel `k` as its opts have shaped it."""
+def program_of(k: Kernel, name: str | None = None) -> ProgramSpec:
+    """The program of kernel `k` as its opts have shaped it, named `name` (default: `kernel_name` of its AST)."""
     renderer = k.renderer
     width = max(1, renderer.vector_width)
     lowered = lower(k, width)
@@ -121,7 +123,7 @@ def program_of(k: Kernel) -> ProgramSpec:
     sink = group_memory(sink, renderer)
     sink = graph_rewrite(sink, _simplify_rules, name="simplify vectorized kernel", memo=True)
     sink = _renumber_accumulators(sink)
-    name = kernel_name(k.ast)
+    name = name or kernel_name(k.ast)
     if DEBUG >= 3:
         print(f"{name:32s} {k.colored_shape():40s} {k.applied_opts}")
     # the final SINK carries the function name to the renderer

@@ -1,6 +1,8 @@
 """Compiling the kernels of a schedule before it runs: each distinct kernel once, code generation on this thread
 (through the program cache, `lazygrad_codegen.program_cache`) while the sources already generated compile beside it,
-and one progress line on stderr while it takes.
+and one progress line on stderr while it takes. A realize with at least `PROCESS_MIN_KERNELS` kernels first
+generates the programs no cache holds on forked workers, one per core (`program_cache.generate_programs`; Linux,
+without BEAM), which a model's first step spent most of its time on.
 
 Where they compile: for compilers that allow threads (`Compiler.threadsafe`), on a worker thread; when a realize
 has at least `PROCESS_MIN_KERNELS` kernels to compile and the compiler can be rebuilt in another process
@@ -24,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TextIO
 
 from lazygrad_codegen import ProgramSpec
-from lazygrad_codegen.program_cache import cached_program
+from lazygrad_codegen.program_cache import cached_program, generate_programs
 from lazygrad_uop.compile_workers import WorkerLostError, WorkerPool
 from lazygrad_uop.config import ContextVar
 from lazygrad_uop.device import CompiledDevice, Compiler
@@ -156,6 +158,9 @@ def compile_kernels(jobs: Sequence[tuple[str, UOp]], parallel: bool = True) -> l
     progress = progress_for(len(jobs))
     pending: list[tuple[ProgramSpec, Future[bytes] | bytes]] = []
     workers = _worker_pool() if parallel and len(jobs) >= PROCESS_MIN_KERNELS else None
+    if parallel and len(jobs) >= PROCESS_MIN_KERNELS:
+        # the programs no cache holds, generated on every core first; the loop below then finds each in memory
+        generate_programs([(ast, Device[device].renderer) for device, ast in jobs], _process_count())
     try:
         for device, ast in jobs:
             dev: CompiledDevice = Device[device]
