@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import gc
 import hashlib
 import importlib.metadata
 import io
@@ -406,6 +407,9 @@ def generate_programs(jobs: Sequence[tuple[UOp, Renderer]], processes: int) -> i
     for ast, _ in _forked:
         kernel_name(ast)
     context = multiprocessing.get_context("fork")
+    # the objects alive at the fork are left out of the workers' garbage collection: a worker then never frees this
+    # process's device buffers (which a forked CUDA or Metal can't), nor copies pages by touching their counts
+    gc.freeze()
     try:
         with ProcessPoolExecutor(max_workers=min(processes, len(_forked)), mp_context=context) as pool:
             packed = list(pool.map(_generate_forked, range(len(_forked))))
@@ -417,6 +421,7 @@ def generate_programs(jobs: Sequence[tuple[UOp, Renderer]], processes: int) -> i
     except Exception:  # noqa: BLE001 - codegen's own error: `cached_program` raises it again in this process
         return 0
     finally:
+        gc.unfreeze()
         _forked = []
     for (memo, (_, _, key)), entry in zip(missing.items(), packed, strict=True):
         diskcache_put("program", key, entry)
