@@ -122,6 +122,11 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
     times = {
         name: kernel_seconds(passes()[name], runs, f"conv {name}") for name in ("forward", "input grad", "weight grad")
     }
+    # the weight gradient as a product over the input's windows, built in the backward (not the default until a GPU
+    # has measured it: lazygrad.functional.IM2COL_WEIGHT_GRADIENT)
+    windows = "weight grad, windows"
+    with Context(IM2COL_WEIGHT_GRADIENT=1):
+        times[windows] = kernel_seconds(passes()["weight grad"], runs, f"conv {windows}")
     refs: dict[str, float | None] = dict.fromkeys(times)
     if torch is not None:
         torch.backends.cudnn.benchmark = True
@@ -137,6 +142,11 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
             want = fns[name]().float().cpu().numpy()
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
             refs[name] = torch_seconds(torch, fns[name], runs)
+        with Context(IM2COL_WEIGHT_GRADIENT=1):
+            got = passes()["weight grad"].cast(dtypes.float32).numpy()
+        want = fns["weight grad"]().float().cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
+        refs[windows] = refs["weight grad"]
     return [
         (f"conv3x3 {name} {dtype.name} b{batch}", seconds, refs[name], flops, "TFLOPS", TARGETS["conv"])
         for name, seconds in times.items()

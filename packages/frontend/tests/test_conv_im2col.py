@@ -136,3 +136,66 @@ def test_passes_on_an_emulated_tensor_core_gpu_match_torch(tensor_core_gpu, monk
     from lazygrad import engine
 
     assert any(Ops.WMMA in [u.op for u in r.spec.uops] for r in engine._runners.values())
+
+
+# *** the weight gradient alone from a window matrix built in the backward (IM2COL_WEIGHT_GRADIENT=1) ***
+
+
+@pytest.fixture
+def weight_gradient_forced(monkeypatch: pytest.MonkeyPatch):
+    """The weight gradient of every convolution the window matrix computes takes it, on any device; the forward and
+    the input gradient stay the direct kernels (IM2COL_CHANNELS is left as it is)."""
+    monkeypatch.setattr(functional, "_matmul_units", lambda device, dtype: True)
+    with Context(IM2COL_WEIGHT_GRADIENT=1):
+        yield monkeypatch
+
+
+WEIGHT_GRADIENT_CASES = [
+    # (input shape, weight shape, padding, stride)
+    ((2, 3, 15, 15), (8, 3, 7, 7), 3, 2),  # a ResNet stem
+    ((2, 5, 6, 7), (4, 5, 3, 3), 1, 1),
+    ((2, 4, 9, 8), (6, 4, 3, 2), (1, 0), (2, 3)),
+    ((2, 6, 5, 4), (4, 6, 1, 1), 0, 2),  # a downsampling 1x1
+    ((3, 3, 11), (5, 3, 4), 2, 3),  # 1-d
+    ((1, 2, 5, 4, 5), (3, 2, 2, 3, 2), 1, 2),  # 3-d
+]
+
+
+@pytest.mark.parametrize("xs,ws,padding,stride", WEIGHT_GRADIENT_CASES)
+def test_weight_gradient_from_windows_matches_torch(weight_gradient_forced, xs, ws, padding, stride) -> None:
+    conv_passes_match_torch(xs, ws, padding, stride=stride)
+
+
+def test_weight_gradient_from_windows_in_parts_and_half_precision(weight_gradient_forced) -> None:
+    weight_gradient_forced.setattr(functional, "split_k_parts", lambda *a, **k: 2)
+    conv_passes_match_torch((4, 3, 9, 9), (6, 3, 3, 3), 1, stride=2)
+    conv_passes_match_torch((2, 8, 6, 6), (16, 8, 3, 3), 1, stride=2, dtype=dtypes.float16, tol=2e-2)
+
+
+def test_weight_gradient_from_windows_is_what_runs(weight_gradient_forced) -> None:
+    """With the setting, the weight gradient stores the window matrix (N x pixels, C_in x taps); without it, or
+    where the matrix doesn't compute the convolution (dilation), it doesn't."""
+    x, w = Tensor.empty(2, 3, 15, 15).requires_grad_(), Tensor.empty(8, 3, 7, 7).requires_grad_()
+
+    def stores_windows(**kw) -> bool:
+        (dw,) = x.conv2d(w, **kw).sum().gradient(w)
+        return any(si.bufs[0].size == 2 * 8 * 8 * 3 * 49 for si in dw.schedule())
+
+    assert stores_windows(padding=3, stride=2)
+    with Context(IM2COL_WEIGHT_GRADIENT=0):
+        assert not stores_windows(padding=3, stride=2)
+    assert not stores_windows(padding=6, stride=2, dilation=2)
+
+
+def test_weight_gradient_from_windows_on_an_emulated_tensor_core_gpu(tensor_core_gpu) -> None:
+    with Context(IM2COL_WEIGHT_GRADIENT=1):
+        conv_passes_match_torch(
+            (2, 4, 12, 12), (16, 4, 3, 3), 1, stride=2, dtype=dtypes.float16, tol=2e-2, device="PYTHON"
+        )
+    from lazygrad import engine
+
+    # the product over the window matrix (2 x 6 x 6 pixels, 4 channels x 9 taps) ran on the tensor cores
+    def reads_windows(uops) -> bool:
+        return any(u.op is Ops.DEFINE_GLOBAL and u.dtype.size == 2 * 6 * 6 * 4 * 9 for u in uops)
+
+    assert any(Ops.WMMA in [u.op for u in r.spec.uops] and reads_windows(r.spec.uops) for r in engine._runners.values())

@@ -21,6 +21,7 @@ from lazygrad.errors import InputError, KindError
 from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
 from lazygrad_codegen.reductions import gemm_launch, split_k_parts
+from lazygrad_uop.config import ContextVar
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, sum_dtype, to_dtype
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -188,7 +189,11 @@ def _conv_gradients(x: UOp, weight: UOp, groups: int, s: tuple[int, ...], d: tup
         if needed(x):
             grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], groups, s, d, pads).uop
         if needed(weight):
-            grads[weight] = _conv_weight_gradient(g, Tensor(x), shape_of(weight), groups, s, d, pads).uop
+            if IM2COL_WEIGHT_GRADIENT and _im2col_computes(Tensor(x), Tensor(weight), groups, d, pads):
+                cols = _window_matrix(Tensor(x), shape_of(weight)[2:], s, pads)
+                grads[weight] = _weight_gradient_of_cols(g, cols, shape_of(weight)).uop
+            else:
+                grads[weight] = _conv_weight_gradient(g, Tensor(x), shape_of(weight), groups, s, d, pads).uop
         return grads
 
     return rule
@@ -207,14 +212,32 @@ weight gradient too (35.4 against 20.3), but the input gradient, a matmul to 9x 
 shifted columns, lost (21.8 against 35.4)."""
 
 
-def _im2col_pays(x: Tensor, weight: Tensor, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads, dtype) -> bool:
-    """Whether conv2d of `x` with `weight` runs by `_conv_by_im2col` (see `IM2COL_CHANNELS`): one that it computes
-    (one group, stride and dilation 1, no cropping, the inputs' float dtype) on a device it pays on."""
-    if groups != 1 or dtype is not None or any(v != 1 for v in (*s, *d)) or any(p < 0 for pp in pads for p in pp):
+IM2COL_WEIGHT_GRADIENT = ContextVar("IM2COL_WEIGHT_GRADIENT", 0)
+"""1: the weight gradient of a convolution that doesn't run by `_conv_by_im2col` (any stride), on a GPU whose tensor
+cores take its dtype, is G^T @ the matrix of its input's windows, built in the backward, instead of the direct
+kernel. Off by default until measured on a GPU: the candidates are ResNet-18's stem (a 7x7 stride-2 window over 3
+channels; its direct weight gradient took 4.4 ms at 3.9 TFLOPS of the H200's 38 ms step) and its 64-channel 3x3
+layers (direct 0.82 ms at 18 TFLOPS each, four per step; with the window matrix stored by the forward, the fp16
+weight gradient ran at 35.4 TFLOPS against 20.3). The matrix is transient: N x pixels x C_in x taps elements (the
+stem's: 472 MB in float32 at batch 64)."""
+
+
+def _im2col_computes(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
+    """Whether the window matrix computes conv2d of `x` with `weight` (one group, dilation 1, no cropping, the same
+    float dtype) and a GPU's tensor cores take its products."""
+    if groups != 1 or any(v != 1 for v in d) or any(p < 0 for pp in pads for p in pp):
         return False
     if x.dtype != weight.dtype or not dtypes.is_float(x.dtype):
         return False
-    return weight.shape[0] >= IM2COL_CHANNELS and _matmul_units(x.device, x.dtype)
+    return _matmul_units(x.device, x.dtype)
+
+
+def _im2col_pays(x: Tensor, weight: Tensor, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads, dtype) -> bool:
+    """Whether conv2d of `x` with `weight` runs by `_conv_by_im2col` (see `IM2COL_CHANNELS`): one that it computes
+    (one group, stride and dilation 1, no cropping, the inputs' float dtype) on a device it pays on."""
+    if dtype is not None or any(v != 1 for v in s) or weight.shape[0] < IM2COL_CHANNELS:
+        return False
+    return _im2col_computes(x, weight, groups, d, pads)
 
 
 def _matmul_units(device: str, dtype: DType) -> bool:
@@ -228,15 +251,45 @@ def _matmul_units(device: str, dtype: DType) -> bool:
     return any(tc.dtype_in == dtype and allowed(tc) for tc in r.tensor_cores)
 
 
+def _window_matrix(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], pads) -> Tensor:
+    """The windows (stride `s`) of the padded input as a stored matrix: a row per output pixel (N x pixels, batch
+    first) and a column per input channel and tap (channel first)."""
+    nd, (n, c) = len(k), x.shape[:2]
+    cols = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, (1,) * nd)  # (N, C, *out, *k)
+    rows, width = n * math.prod(cols.shape[2 : 2 + nd]), c * math.prod(k)
+    return cols.permute(0, *range(2, 2 + nd), 1, *range(2 + nd, 2 + 2 * nd)).reshape(rows, width).contiguous()
+
+
+def _weight_gradient_of_cols(g: Tensor, cols: Tensor, wshape: tuple[int, ...]) -> Tensor:
+    """The weight gradient G^T @ cols from the output's gradient `g` (N, C_out, *out) and the window matrix `cols`
+    of the same pixels; its reduction over every pixel of the batch is split into parts summed after where a GPU
+    has few tiles, like `_conv_weight_gradient`'s."""
+    from lazygrad.split_reduce import renderer_of
+
+    nd, n, cout = len(wshape) - 2, g.shape[0], wshape[0]
+    rows, width = cols.shape
+    dt, acc = g.dtype, sum_dtype(g.dtype)
+    gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
+    renderer = renderer_of(g.device)
+    parts = 1
+    if renderer is not None:
+        parts = split_k_parts(renderer, gemm_launch(renderer, dt, (cout,), (width,), (rows,)), n, rows)
+    # (parts, C_out, width, rows of a part), the product summed over the rows, then over the parts
+    a = gm.reshape(parts, rows // parts, cout).permute(0, 2, 1).reshape(parts, cout, 1, rows // parts)
+    b = cols.reshape(parts, rows // parts, width).permute(0, 2, 1).reshape(parts, 1, width, rows // parts)
+    partial = (a * b).sum(3, dtype=acc)
+    dw = partial.sum(0, dtype=acc) if parts > 1 else partial.reshape(cout, width)
+    return dw.cast(dt).reshape(wshape)
+
+
 def _conv_by_im2col(x: Tensor, weight: Tensor, pads) -> Tensor:
     """conv2d (stride 1, one group) as a matmul: the windows of the input as a matrix, a row per output pixel
     (N x pixels) and a column per input channel and tap, stored once, times the weight as (C_in x taps, C_out). Its
     backward (`_im2col_gradients`) is matmuls over the same matrix."""
-    nd, (n, c), cout, k = weight.ndim - 2, x.shape[:2], weight.shape[0], weight.shape[2:]
-    cols = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, (1,) * nd, (1,) * nd)  # (N, C, *out, *k)
-    out = cols.shape[2 : 2 + nd]
-    rows, width = n * math.prod(out), c * math.prod(k)
-    cols = cols.permute(0, *range(2, 2 + nd), 1, *range(2 + nd, 2 + 2 * nd)).reshape(rows, width).contiguous()
+    nd, n, cout, k = weight.ndim - 2, x.shape[0], weight.shape[0], weight.shape[2:]
+    cols = _window_matrix(x, k, (1,) * nd, pads)
+    out = tuple(v + b + a - kk + 1 for v, (b, a), kk in zip(x.shape[2:], pads, k))
+    width = cols.shape[1]
     wm = weight.reshape(cout, width)
     # stored channel-major (NCHW) as convolutions are: the normalisation after it reduces each channel's pixels, which
     # the matmul's pixel-major (NHWC) rows hold C_out apart (ResNet-18's BatchNorm statistics at 7x7 ran at 9 GB/s)
@@ -253,7 +306,6 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, pads) -> GradientRule:
     columns of G @ W shifted back to where each tap read them (stride 1)."""
 
     def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
-        from lazygrad.split_reduce import renderer_of
         from lazygrad.tensor import Tensor
 
         wshape, xshape = shape_of(weight), shape_of(x)
@@ -263,21 +315,12 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, pads) -> GradientRule:
         acc = sum_dtype(dt)
         g = Tensor(ctx)
         out = g.shape[2:]
-        gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
         grads: dict[UOp, UOp] = {}
         if needed(weight):
-            renderer = renderer_of(g.device)
-            parts = 1
-            if renderer is not None:
-                one = gemm_launch(renderer, dt, (cout,), (width,), (rows,))
-                parts = split_k_parts(renderer, one, n, rows)
-            # (parts, C_out, width, rows of a part), the product summed over the rows, then over the parts
-            a = gm.reshape(parts, rows // parts, cout).permute(0, 2, 1).reshape(parts, cout, 1, rows // parts)
-            b = cols.reshape(parts, rows // parts, width).permute(0, 2, 1).reshape(parts, 1, width, rows // parts)
-            partial = (a * b).sum(3, dtype=acc)
-            dw = partial.sum(0, dtype=acc) if parts > 1 else partial.reshape(cout, width)
-            grads[weight] = dw.cast(dt).reshape(wshape).uop
+            grads[weight] = _weight_gradient_of_cols(g, cols, wshape).uop
         if needed(x):
+            # (the same stored G as the weight gradient's: one kernel)
+            gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
             # (N, C, *k, *out): the gradient of each window's element
             dc = (gm @ Tensor(weight).reshape(cout, width)).reshape(n, *out, c, *k)
             dc = dc.permute(0, nd + 1, *range(nd + 2, 2 * nd + 2), *range(1, nd + 1)).cast(acc)
