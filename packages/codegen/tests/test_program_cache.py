@@ -3,12 +3,14 @@ memory or from disk, never another kernel's or another renderer's; a damaged ent
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
 import tempfile
 import tomllib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,18 @@ def test_cache_returns_the_program_of_that_kernel_and_renderer(asts: list[UOp], 
         check_cached_programs(asts, r)
 
 
+@contextlib.contextmanager
+def _generating() -> Iterator[list[UOp]]:
+    """The kernels `cached_program` generates (rather than reads) while the block runs."""
+    generated: list[UOp] = []
+    real = pc.get_program
+    pc.get_program = lambda ast, *args: generated.append(ast) or real(ast, *args)  # type: ignore[assignment]
+    try:
+        yield generated
+    finally:
+        pc.get_program = real
+
+
 def check_cached_programs(asts: list[UOp], r: CRenderer) -> None:
     """Each of `asts` gets from the cache, in memory and from disk, exactly the program `get_program` generates."""
     with Context(PROGRAM_CACHE=0):
@@ -93,13 +107,8 @@ def check_cached_programs(asts: list[UOp], r: CRenderer) -> None:
     # first through the cache (generating and storing), then from disk alone, as a new process would
     first = [pc.cached_program(a, r) for a in asts]
     pc._memory.clear()
-    generated: list[UOp] = []
-    real = pc.get_program
-    pc.get_program = lambda ast, *args: generated.append(ast) or real(ast, *args)  # type: ignore[assignment]
-    try:
+    with _generating() as generated:
         second = [pc.cached_program(a, r) for a in asts]
-    finally:
-        pc.get_program = real
     assert not generated, "a kernel stored on disk was generated again"
     for a, want, got1, got2 in zip(asts, fresh, first, second):
         assert same_program(got1, want) and same_program(got2, want), f"wrong program for {a}"
@@ -216,13 +225,8 @@ def _distinct_kernels(n: int) -> list[UOp]:
 def test_forked_workers_generate_the_programs_this_process_would(cachedir: Path, r: CRenderer) -> None:
     asts = _distinct_kernels(pc.FORK_MIN_PROGRAMS + 3)
     assert pc.generate_programs([(a, r) for a in asts + asts[:2]], 2) == len(asts)
-    generated: list[UOp] = []
-    real = pc.get_program
-    pc.get_program = lambda ast, *args: generated.append(ast) or real(ast, *args)  # type: ignore[assignment]
-    try:
+    with _generating() as generated:
         got = [pc.cached_program(a, r) for a in asts]
-    finally:
-        pc.get_program = real
     assert not generated, "a program the workers generated was generated again"
     with Context(PROGRAM_CACHE=0):
         for a, spec in zip(asts, got, strict=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lazygrad_testkit.dtypes import ALL_INTS
+from lazygrad_testkit.dtypes import ALL_INTS, bf16_bits, bf16_value
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
 from lazygrad_uop.ops import Ops
 
@@ -193,20 +193,9 @@ def test_bitcast(run, k) -> None:
     np.testing.assert_array_equal(outs[2], a.view(np.uint32))
 
 
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits, rounding to nearest even (the reference, written with numpy integers)."""
-    b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
-
-
-def _bf16_value(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 def test_bfloat16(run, k) -> None:
     a, b = _values(dtypes.float32), _values(dtypes.float32)
-    abits, bbits = _bf16_bits(a), _bf16_bits(b)
+    abits, bbits = bf16_bits(a), bf16_bits(b)
     st = k.st(N)
     x, y = k.load(1, dtypes.bfloat16, st), k.load(2, dtypes.bfloat16, st)
     f = k.load(3, dtypes.float32, st)
@@ -218,12 +207,12 @@ def test_bfloat16(run, k) -> None:
         k.store(7, x.maximum(y), st),
     )
     outs = run(ast, {1: abits, 2: bbits, 3: a})
-    fa, fb = _bf16_value(abits), _bf16_value(bbits)
-    np.testing.assert_array_equal(outs[0], _bf16_bits(fa + fb))
-    np.testing.assert_array_equal(outs[4], _bf16_value(_bf16_bits(fa * fb)))
+    fa, fb = bf16_value(abits), bf16_value(bbits)
+    np.testing.assert_array_equal(outs[0], bf16_bits(fa + fb))
+    np.testing.assert_array_equal(outs[4], bf16_value(bf16_bits(fa * fb)))
     np.testing.assert_array_equal(outs[5], abits)
     np.testing.assert_array_equal(outs[6], fa < fb)
-    np.testing.assert_array_equal(outs[7], _bf16_bits(np.maximum(fa, fb)))
+    np.testing.assert_array_equal(outs[7], bf16_bits(np.maximum(fa, fb)))
 
 
 def test_fp8_is_not_implemented(cpu, k) -> None:

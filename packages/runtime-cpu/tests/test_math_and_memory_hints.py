@@ -19,6 +19,7 @@ from hypothesis import strategies as hs
 
 from lazygrad_codegen import get_program
 from lazygrad_cpu.renderer import CPU_PREFETCH, CPURenderer, last_level_cache_bytes
+from lazygrad_testkit.dtypes import bf16_bits, bf16_value
 from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import DType, dtypes
 from lazygrad_uop.ops import Ops
@@ -34,17 +35,6 @@ def _inputs(n: int) -> np.ndarray:
     bits = RNG.integers(0, 2**32, n // 2, dtype=np.uint64).astype(np.uint32).view(np.float32)
     with np.errstate(invalid="ignore"):
         return np.concatenate([bits, RNG.uniform(-200, 200, n - n // 2), SPECIAL]).astype(np.float32)
-
-
-def _bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
-    b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
-
-
-def _bf16_value(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def _same_or_within(got: np.ndarray, exact: np.ndarray, dtype: type, ulps: float) -> None:
@@ -68,8 +58,8 @@ def test_math_is_vector_polynomials(cpu, k, run_with_spec, dtype: DType) -> None
             data = x32.astype(np.float16)
         x64 = data.astype(np.float64)
     elif dtype == dtypes.bfloat16:
-        data = _bf16_bits(x32)
-        x64 = _bf16_value(data).astype(np.float64)
+        data = bf16_bits(x32)
+        x64 = bf16_value(data).astype(np.float64)
     else:
         data, x64 = x32, x32.astype(np.float64)
     st = k.st(len(data))
@@ -87,7 +77,7 @@ def test_math_is_vector_polynomials(cpu, k, run_with_spec, dtype: DType) -> None
         got = outs[i + 2]
         if dtype == dtypes.bfloat16:
             # computed in float32 and rounded once more to bfloat16: equal to rounding the float32 result
-            _same_or_within(_bf16_value(got), exact, np.float32, 2 ** (24 - 8) * 0.5 + 2)
+            _same_or_within(bf16_value(got), exact, np.float32, 2 ** (24 - 8) * 0.5 + 2)
         elif dtype == dtypes.float16:
             _same_or_within(got, exact, np.float16, 1)
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from lazygrad_uop.dtype import DType, dtypes
 
 FLOATS: list[DType] = [dtypes.float32, dtypes.float16, dtypes.float64]
@@ -33,3 +35,15 @@ PORTABLE_CAST_DTYPES: list[DType] = [d for d in NUMPY_SCALARS if d not in (dtype
 """The dtypes every device casts between (Apple GPUs have no float64; uint64 is the rarest integer)."""
 UNARY: tuple[str, ...] = ("exp", "log", "exp2", "log2", "sqrt", "sin", "cos", "relu", "sigmoid", "tanh", "abs", "neg")
 """The unary Tensor methods the kernel graphs cover on each float type."""
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values as the bits (uint16) of the nearest bfloat16, ties to even; NaN as the quiet NaN 0x7FC0."""
+    b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def bf16_value(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bfloat16 `bits` (uint16)."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
