@@ -18,11 +18,20 @@ import lazygrad.functional
 from lazygrad import Tensor
 from lazygrad_codegen.kernel import AxisType, Kernel
 from lazygrad_codegen.reductions import SPLIT_K_MAX, SPLIT_K_MIN, SPLIT_K_WARPS, GemmLaunch, split_k_parts
+from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
 
 torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def direct_kernels():
+    """The direct kernels, here: the CPU's default weight gradient of kernels of more than one tap is the product over
+    the window matrix (IM2COL_WEIGHT_GRADIENT, tested in test_conv_im2col)."""
+    with Context(IM2COL_WEIGHT_GRADIENT=0):
+        yield
 F = torch.nn.functional
 
 

@@ -145,12 +145,26 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
             or [i for i in reuse if i in out_contig]
             or reuse[:1]
         )
-        for n, i in enumerate(first + [i for i in reuse if i not in first]):
+        order = first + [i for i in reuse if i not in first]
+        # the vector's axis: the first that takes one; where it has no such size (a weight gradient's 147 taps of
+        # 3 channels), the next axis an input is read along in vectors, the first one then tiles registers
+        def takes_vector(i: int) -> bool:
+            axis = g.axis(i)
+            return axis is not None and _divisor(k.full_shape[axis], vector_choices) is not None
+
+        vector_axis = order[0]
+        if width > 1 and not takes_vector(order[0]):
+            vector_axis = next((i for i in order[1:] if i in loadable and takes_vector(i)), order[0])
+        order = [vector_axis] + [i for i in order if i != vector_axis]
+        for n, i in enumerate(order):
             lanes = k.lanes(AxisType.UPCAST)
             if n == 0 and width > 1:
                 choices = vector_choices
             else:
                 choices = [c for c in (8, 4, 2) if c * lanes <= budget]
+                if n == 1 and vector_axis != first[0]:
+                    # the axis the vector went past: odd sizes take an odd tile
+                    choices += [c for c in (7, 5, 3) if c * lanes <= budget]
             amount = g.upcast(i, choices)
             if amount > 1 and (widest is None or amount > widest[0]):
                 widest = (amount, i)

@@ -189,7 +189,7 @@ def _conv_gradients(x: UOp, weight: UOp, groups: int, s: tuple[int, ...], d: tup
         if needed(x):
             grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], groups, s, d, pads).uop
         if needed(weight):
-            if IM2COL_WEIGHT_GRADIENT and _im2col_computes(Tensor(x), Tensor(weight), groups, d, pads):
+            if _windows_weight_gradient(Tensor(x), Tensor(weight), groups, d, pads):
                 cols = _window_matrix(Tensor(x), shape_of(weight)[2:], s, pads)
                 grads[weight] = _weight_gradient_of_cols(g, cols, shape_of(weight)).uop
             else:
@@ -212,32 +212,48 @@ weight gradient too (35.4 against 20.3), but the input gradient, a matmul to 9x 
 shifted columns, lost (21.8 against 35.4)."""
 
 
-IM2COL_WEIGHT_GRADIENT = ContextVar("IM2COL_WEIGHT_GRADIENT", 0)
-"""1: the weight gradient of a convolution that doesn't run by `_conv_by_im2col` (any stride), on a GPU whose tensor
-cores take its dtype, is G^T @ the matrix of its input's windows, built in the backward, instead of the direct
-kernel. Off by default until measured on a GPU: the candidates are ResNet-18's stem (a 7x7 stride-2 window over 3
-channels; its direct weight gradient took 4.4 ms at 3.9 TFLOPS of the H200's 38 ms step) and its 64-channel 3x3
-layers (direct 0.82 ms at 18 TFLOPS each, four per step; with the window matrix stored by the forward, the fp16
-weight gradient ran at 35.4 TFLOPS against 20.3). The matrix is transient: N x pixels x C_in x taps elements (the
-stem's: 472 MB in float32 at batch 64)."""
+IM2COL_WEIGHT_GRADIENT = ContextVar("IM2COL_WEIGHT_GRADIENT", -1)
+"""Whether the weight gradient of a convolution that doesn't run by `_conv_by_im2col` (any stride) is G^T @ the
+matrix of its input's windows, built in the backward, instead of the direct kernel. -1 (the default): on devices
+without workgroups (the CPU), where the direct kernel gathers each window lane by lane, for kernels of more than one
+tap; 0: never; 1: on those and on GPUs whose tensor cores take the dtype too.
+
+On the CPU (2-core Xeon, ResNet-18's convolutions at batch 8, 64x64, float32, the gradient's realize): the 7x7
+stride-2 stem 39.1 ms direct against 6.3 ms, the 3x3 layers 1.05-2.8x faster, a 1x1 slower (1.7 against 2.3 ms,
+so it stays direct). Not on GPUs by default until one measures it: the candidates are ResNet-18's stem (its direct
+weight gradient took 4.4 ms at 3.9 TFLOPS of the H200's 38 ms step) and its 64-channel 3x3 layers (0.82 ms at 18
+TFLOPS each, four per step; with the window matrix stored by the forward, the fp16 weight gradient ran at 35.4
+TFLOPS against 20.3). The matrix is transient: N x pixels x C_in x taps elements (the stem's: 472 MB in float32 at
+batch 64 and 224x224)."""
 
 
-def _im2col_computes(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
-    """Whether the window matrix computes conv2d of `x` with `weight` (one group, dilation 1, no cropping, the same
-    float dtype) and a GPU's tensor cores take its products."""
+def _windows_weight_gradient(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
+    """Whether conv2d's weight gradient is the product over the window matrix (see `IM2COL_WEIGHT_GRADIENT`)."""
+    from lazygrad.split_reduce import renderer_of
+
+    mode = IM2COL_WEIGHT_GRADIENT.value
+    if mode == 0 or not _windows_compute(x, weight, groups, d, pads):
+        return False
+    r = renderer_of(x.device)
+    if r is not None and not r.has_local:
+        return math.prod(weight.shape[2:]) > 1
+    return mode == 1 and _matmul_units(x.device, x.dtype)
+
+
+def _windows_compute(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
+    """Whether the matrix of the input's windows computes conv2d of `x` with `weight`: one group, dilation 1, no
+    cropping, the same float dtype."""
     if groups != 1 or any(v != 1 for v in d) or any(p < 0 for pp in pads for p in pp):
         return False
-    if x.dtype != weight.dtype or not dtypes.is_float(x.dtype):
-        return False
-    return _matmul_units(x.device, x.dtype)
+    return x.dtype == weight.dtype and dtypes.is_float(x.dtype)
 
 
 def _im2col_pays(x: Tensor, weight: Tensor, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads, dtype) -> bool:
     """Whether conv2d of `x` with `weight` runs by `_conv_by_im2col` (see `IM2COL_CHANNELS`): one that it computes
-    (one group, stride and dilation 1, no cropping, the inputs' float dtype) on a device it pays on."""
+    (stride 1, the inputs' dtype) on a device it pays on."""
     if dtype is not None or any(v != 1 for v in s) or weight.shape[0] < IM2COL_CHANNELS:
         return False
-    return _im2col_computes(x, weight, groups, d, pads)
+    return _windows_compute(x, weight, groups, d, pads) and _matmul_units(x.device, x.dtype)
 
 
 def _matmul_units(device: str, dtype: DType) -> bool:
