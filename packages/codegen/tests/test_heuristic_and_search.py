@@ -226,3 +226,25 @@ def test_cpu_transposes_read_and_write_vectors(shape, order, dtype) -> None:
     if inner_in % width == 0 and inner_out % width == 0 and inner_in > 1 and inner_out > 1:
         loads = [u for u in spec.uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
         assert loads and all(u.dtype.count > 1 for u in loads), [u.dtype for u in loads]
+
+
+@pytest.mark.parametrize("width", [147, 45, 49])
+def test_cpu_matmul_whose_output_axis_takes_no_vector(width: int) -> None:
+    """C = A^T B with both operands stored with the reduction outermost (a weight gradient over a window matrix of
+    147 columns): the vector goes on the other output axis (contiguous in A), the odd one gets a register tile, and the
+    result is numpy's."""
+    device = cpu_device()
+    rows, cout = 96, 32
+    a = RNG_T.standard_normal((rows, cout)).astype(np.float32)
+    b = RNG_T.standard_normal((rows, width)).astype(np.float32)
+    av = ka.st(rows, cout).permute((1, 0)).reshape((cout, 1, rows)).expand((cout, width, rows))
+    bv = ka.st(rows, width).permute((1, 0)).reshape((1, width, rows)).expand((cout, width, rows))
+    prod = ka.load(1, dtypes.float32, av, size=a.size) * ka.load(2, dtypes.float32, bv, size=b.size)
+    ast = ka.sink(ka.store(0, ka.reduce(prod, Ops.ADD, (2,)), ka.st(cout, width, 1)))
+    outs, spec = run_device(ast, device, None, {1: a, 2: b})
+    np.testing.assert_allclose(outs[0].reshape(cout, width), a.T @ b, rtol=1e-4, atol=1e-4)
+    upcasts = [o.arg for o in spec.opts if o.op is OptOps.UPCAST]
+    lanes = device.renderer.vector_width
+    if lanes > 1 and cout % lanes == 0:
+        # a vector along the output channels first, then an odd tile of the taps
+        assert upcasts[0] % lanes == 0 and upcasts[1:] and upcasts[1] in (7, 5, 3), spec.opts

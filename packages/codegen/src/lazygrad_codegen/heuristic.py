@@ -146,6 +146,7 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
             or reuse[:1]
         )
         order = first + [i for i in reuse if i not in first]
+
         # the vector's axis: the first that takes one; where it has no such size (a weight gradient's 147 taps of
         # 3 channels), the next axis an input is read along in vectors, the first one then tiles registers
         def takes_vector(i: int) -> bool:
