@@ -32,6 +32,8 @@ def direct_kernels():
     the window matrix (IM2COL_WEIGHT_GRADIENT, tested in test_conv_im2col)."""
     with Context(IM2COL_WEIGHT_GRADIENT=0):
         yield
+
+
 F = torch.nn.functional
 
 
