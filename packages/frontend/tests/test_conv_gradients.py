@@ -27,9 +27,11 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(autouse=True)
-def direct_kernels():
-    """The direct kernels, here: the CPU's default weight gradient of kernels of more than one tap is the product over
-    the window matrix (IM2COL_WEIGHT_GRADIENT, tested in test_conv_im2col)."""
+def direct_kernels(monkeypatch: pytest.MonkeyPatch):
+    """The direct kernels, here: on the CPU by default, the weight gradient of kernels of more than one tap, and the
+    forward of convolutions of few input channels, are products over the window matrix (IM2COL_WEIGHT_GRADIENT,
+    WINDOWS_FORWARD_CHANNELS, tested in test_conv_im2col)."""
+    monkeypatch.setattr(lazygrad.functional, "WINDOWS_FORWARD_CHANNELS", 0)
     with Context(IM2COL_WEIGHT_GRADIENT=0):
         yield
 

@@ -187,7 +187,8 @@ def test_weight_gradient_from_windows_of_random_shapes(n, cin, cout, size, k, st
 def test_which_weight_gradients_come_from_windows() -> None:
     """On the CPU by default for kernels of more than one tap; never with the setting 0, nor where the window
     matrix doesn't compute the convolution (dilation, groups)."""
-    x = Tensor.empty(2, 3, 15, 15)
+    # (more input channels than a forward by the window matrix takes: the forward is the direct kernel)
+    x = Tensor.empty(2, 5, 15, 15)
 
     def windows(weight: Tensor, **kw) -> bool:
         weight.requires_grad_()
@@ -196,14 +197,14 @@ def test_which_weight_gradients_come_from_windows() -> None:
         taps = int(np.prod(weight.shape[2:]))
         return _stores_windows(dw, out.shape[0] * int(np.prod(out.shape[2:])) * weight.shape[1] * taps)
 
-    stem = Tensor.empty(8, 3, 7, 7)
+    stem = Tensor.empty(8, 5, 7, 7)
     assert windows(stem, padding=3, stride=2)
     with Context(IM2COL_WEIGHT_GRADIENT=0):
         assert not windows(stem, padding=3, stride=2)
     assert not windows(stem, padding=6, stride=2, dilation=2)
-    assert not windows(Tensor.empty(9, 1, 3, 3), padding=1, groups=3)
+    assert not windows(Tensor.empty(10, 1, 3, 3), padding=1, groups=5)
     # one tap: the direct kernel is faster on the CPU
-    assert not windows(Tensor.empty(8, 3, 1, 1), stride=2)
+    assert not windows(Tensor.empty(8, 5, 1, 1), stride=2)
 
 
 def test_weight_gradient_from_windows_on_an_emulated_tensor_core_gpu(tensor_core_gpu) -> None:
@@ -226,3 +227,41 @@ def test_weight_gradient_from_windows_on_an_emulated_tensor_core_gpu(tensor_core
         return any(u.op is Ops.DEFINE_GLOBAL and u.dtype.size == 2 * 6 * 6 * 4 * 9 for u in uops)
 
     assert any(Ops.WMMA in [u.op for u in r.spec.uops] and reads_windows(r.spec.uops) for r in engine._runners.values())
+
+
+# *** the forward of a convolution of few input channels on the CPU (WINDOWS_FORWARD_CHANNELS) ***
+
+
+@pytest.mark.parametrize(
+    "xs,ws,padding,stride",
+    [
+        ((2, 3, 15, 15), (8, 3, 7, 7), 3, 2),  # a ResNet stem
+        ((2, 1, 9, 8), (4, 1, 3, 3), 1, 1),
+        ((2, 4, 9, 10), (5, 4, 3, 2), (1, 0), (2, 3)),
+        ((3, 2, 11), (5, 2, 4), 2, 3),  # 1-d
+    ],
+)
+def test_few_channel_forward_from_windows_matches_torch(xs, ws, padding, stride) -> None:
+    conv_passes_match_torch(xs, ws, padding, stride=stride)
+
+
+def test_which_forwards_come_from_windows() -> None:
+    """On the CPU, the forward of a convolution of at most WINDOWS_FORWARD_CHANNELS input channels and more than one
+    tap stores the window matrix and then multiplies it; its weight gradient reads that matrix again instead of
+    building it. Not with more channels, nor on one tap."""
+    x = Tensor.rand(2, 3, 15, 15).requires_grad_()
+    stem = Tensor.rand(8, 3, 7, 7).requires_grad_()
+    windows = 2 * 8 * 8 * 3 * 49
+    out = x.conv2d(stem, padding=3, stride=2)
+    assert _stores_windows(out, windows)
+    out.realize()
+    _, dw = out.sum().gradient(x, stem)
+    # one kernel: the product of the (ones) output gradient with the matrix the forward stored
+    (item,) = dw.schedule()
+    assert [b.size for b in item.bufs[1:]] == [windows]
+    assert not _stores_windows(
+        Tensor.empty(2, 5, 15, 15).conv2d(Tensor.empty(8, 5, 7, 7), padding=3, stride=2), 2 * 8 * 8 * 5 * 49
+    )
+    assert not _stores_windows(
+        Tensor.empty(2, 3, 15, 15, device="PYTHON").conv2d(Tensor.empty(8, 3, 1, 1, device="PYTHON")), 2 * 15 * 15 * 3
+    )

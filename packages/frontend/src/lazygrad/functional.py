@@ -240,6 +240,26 @@ def _windows_weight_gradient(x: Tensor, weight: Tensor, groups: int, d: tuple[in
     return mode == 1 and _matmul_units(x.device, x.dtype)
 
 
+WINDOWS_FORWARD_CHANNELS = 4
+"""On devices without workgroups (the CPU), a convolution of at most this many input channels (an image's: ResNet's
+7x7 stride-2 stem over RGB) and more than one tap runs as the product of the matrix of its input's windows and the
+weight (`_conv_by_im2col`, any stride; the input's gradient stays the direct kernel): the direct kernel's reduction
+over 3 channels x 49 taps gave its vectors little to do. ResNet-18's stem at batch 8 on the 2-core Xeon: 20.6 ms
+direct against 7.5 (64x64), 140 against 56 (224x224). With more channels the direct kernels were as fast or faster
+(3x3, 64 to 512 channels: 0.85-1.2x)."""
+
+
+def _windows_forward(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads, dtype) -> bool:
+    """Whether conv2d of `x` with `weight` runs by `_conv_by_im2col` with the direct input gradient (see
+    `WINDOWS_FORWARD_CHANNELS`)."""
+    from lazygrad.split_reduce import renderer_of
+
+    if dtype is not None or weight.shape[1] > WINDOWS_FORWARD_CHANNELS or math.prod(weight.shape[2:]) < 2:
+        return False
+    r = renderer_of(x.device)
+    return r is not None and not r.has_local and _windows_compute(x, weight, groups, d, pads)
+
+
 def _windows_compute(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
     """Whether the matrix of the input's windows computes conv2d of `x` with `weight`: one group, dilation 1, no
     cropping, the same float dtype."""
@@ -298,28 +318,29 @@ def _weight_gradient_of_cols(g: Tensor, cols: Tensor, wshape: tuple[int, ...]) -
     return dw.cast(dt).reshape(wshape)
 
 
-def _conv_by_im2col(x: Tensor, weight: Tensor, pads) -> Tensor:
-    """conv2d (stride 1, one group) as a matmul: the windows of the input as a matrix, a row per output pixel
+def _conv_by_im2col(x: Tensor, weight: Tensor, s: tuple[int, ...], pads, col2im: bool = True) -> Tensor:
+    """conv2d (one group, stride `s`) as a matmul: the windows of the input as a matrix, a row per output pixel
     (N x pixels) and a column per input channel and tap, stored once, times the weight as (C_in x taps, C_out). Its
-    backward (`_im2col_gradients`) is matmuls over the same matrix."""
+    backward (`_im2col_gradients`): the weight's gradient a matmul over the same matrix, the input's the matrix's
+    gradient summed back onto the input (`col2im`, stride 1) or the direct kernel's."""
     nd, n, cout, k = weight.ndim - 2, x.shape[0], weight.shape[0], weight.shape[2:]
-    cols = _window_matrix(x, k, (1,) * nd, pads)
-    out = tuple(v + b + a - kk + 1 for v, (b, a), kk in zip(x.shape[2:], pads, k))
+    cols = _window_matrix(x, k, s, pads)
+    out = tuple((v + b + a - kk) // st + 1 for v, (b, a), kk, st in zip(x.shape[2:], pads, k, s))
     width = cols.shape[1]
     wm = weight.reshape(cout, width)
     # stored channel-major (NCHW) as convolutions are: the normalisation after it reduces each channel's pixels, which
     # the matmul's pixel-major (NHWC) rows hold C_out apart (ResNet-18's BatchNorm statistics at 7x7 ran at 9 GB/s)
     ret = (cols @ wm.transpose()).reshape(n, *out, cout).permute(0, nd + 1, *range(1, nd + 1)).contiguous()
     if not type(x).no_grad:
-        set_gradient_rule(ret.uop, _im2col_gradients(x.uop, weight.uop, cols, pads))
+        set_gradient_rule(ret.uop, _im2col_gradients(x.uop, weight.uop, cols, s, pads, col2im))
     return ret
 
 
-def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, pads) -> GradientRule:
+def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, s: tuple[int, ...], pads, col2im: bool) -> GradientRule:
     """`_conv_by_im2col`'s backward from the window matrix `cols` it stored: with G the output's gradient as
     (N x pixels, C_out), stored once, the weight's gradient G^T @ cols (its reduction over every pixel of the batch
-    split into parts summed after, like `_conv_weight_gradient`'s), the input's the sum, over the taps, of the
-    columns of G @ W shifted back to where each tap read them (stride 1)."""
+    split into parts summed after, like `_conv_weight_gradient`'s); the input's, with `col2im` (stride 1), the sum,
+    over the taps, of the columns of G @ W shifted back to where each tap read them, else the direct kernel's."""
 
     def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
         from lazygrad.tensor import Tensor
@@ -334,7 +355,9 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, pads) -> GradientRule:
         grads: dict[UOp, UOp] = {}
         if needed(weight):
             grads[weight] = _weight_gradient_of_cols(g, cols, wshape).uop
-        if needed(x):
+        if needed(x) and not col2im:
+            grads[x] = _conv_input_gradient(g, Tensor(weight), xshape[2:], 1, s, (1,) * nd, pads).uop
+        elif needed(x):
             # (the same stored G as the weight gradient's: one kernel)
             gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
             # (N, C, *k, *out): the gradient of each window's element
@@ -469,7 +492,10 @@ class FunctionalMixin:
             raise InputError("padding='same' needs stride 1, as in torch")
         pads = _pads(padding, k, d)
         if _im2col_pays(self, weight, groups, s, d, pads, dtype):
-            ret = _conv_by_im2col(self, weight, pads)
+            ret = _conv_by_im2col(self, weight, s, pads)
+            return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
+        if _windows_forward(self, weight, groups, d, pads, dtype):
+            ret = _conv_by_im2col(self, weight, s, pads, col2im=False)
             return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
         x = self.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
         out = x.shape[2 : 2 + nd]
