@@ -356,6 +356,7 @@ FORK_MIN_PROGRAMS = 8
 # the kernels the forked workers generate, by position: set before the fork, so that each worker has them without
 # pickling a graph
 _forked: list[tuple[UOp, Renderer]] = []
+_fork_lock = threading.Lock()
 
 
 def _generate_forked(i: int) -> tuple[bytes, bytes]:
@@ -398,8 +399,16 @@ def generate_programs(jobs: Sequence[tuple[UOp, Renderer]], processes: int) -> i
                 _memory[memo] = spec
             continue
         missing[memo] = (ast, renderer, key)
-    if len(missing) < FORK_MIN_PROGRAMS:
+    # one fork at a time: a second thread generating meanwhile does so in its own process, as without workers
+    if len(missing) < FORK_MIN_PROGRAMS or not _fork_lock.acquire(blocking=False):
         return 0
+    try:
+        return _generate_in_workers(missing, processes)
+    finally:
+        _fork_lock.release()
+
+
+def _generate_in_workers(missing: dict[tuple[Any, ...], tuple[UOp, Renderer, str]], processes: int) -> int:
     global _forked
     _forked = [(ast, renderer) for ast, renderer, _ in missing.values()]
     # named here, in order, before the fork: the workers take these names, the ones generating them one by one in
@@ -415,7 +424,7 @@ def generate_programs(jobs: Sequence[tuple[UOp, Renderer]], processes: int) -> i
             packed = list(pool.map(_generate_forked, range(len(_forked))))
     except BrokenProcessPool as exc:
         warnings.warn(
-            f"a code generation worker was lost ({exc}); generating in this process", RuntimeWarning, stacklevel=2
+            f"a code generation worker was lost ({exc}); generating in this process", RuntimeWarning, stacklevel=3
         )
         return 0
     except Exception:  # noqa: BLE001 - codegen's own error: `cached_program` raises it again in this process
