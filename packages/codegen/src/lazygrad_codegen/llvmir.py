@@ -155,11 +155,10 @@ class LLVMFunction:
             _based_indexes(uops, users, self.gathered) if renderer.based_addresses else ({}, set(), set())
         )
         self.base_ptr: dict[tuple[UOp, UOp], str] = {}
-        # the loops open where the UOp being rendered is, innermost last, and the loops reductions run over
-        self.open_loops: list[UOp] = []
+        # the loops reductions run over; each vector load's innermost loop, and the bytes each iteration of a loop
+        # reads from a buffer by vector loads directly in it
         self.reduce_loops = {r for u in uops if u.op is Ops.DEFINE_ACC for r in u.src[1:]}
-        # bytes each iteration of a loop reads from a buffer by vector loads directly in it
-        self.loop_reads = _loop_reads(uops) if renderer.prefetch_bytes else {}
+        self.load_loop, self.loop_reads = _loop_reads(uops) if renderer.prefetch_bytes else ({}, {})
 
     def tmp(self) -> str:
         """A fresh SSA name."""
@@ -499,10 +498,7 @@ class LLVMFunction:
             go = self.op(f"icmp slt {it} {r}, {self.get(src[0])}")
             self.emit(f"br i1 {go}, label %loop_body_{k}, label %loop_exit_{k}")
             self.label(f"loop_body_{k}")
-            self.open_loops.append(u)
         elif op is Ops.END:
-            if self.open_loops and self.open_loops[-1] is src[0]:
-                self.open_loops.pop()
             k = self.position[src[0]]
             r = self.val[src[0]]
             self.emit(f"br label %loop_latch_{k}")
@@ -610,11 +606,8 @@ class LLVMFunction:
         """Ask for the line that vector `load` will read as many iterations from now as the loop takes to read
         `prefetch_bytes` of its buffer, when it is in a reduction's innermost loop and its address steps forward by a
         constant each iteration."""
-        ahead = self.renderer.prefetch_bytes
-        if not ahead or not self.open_loops or load.dtype.count == 1 or len(load.src) == 3:
-            return
-        loop, index = self.open_loops[-1], load.src[0]
-        if loop not in self.reduce_loops or index.op is not Ops.INDEX:
+        ahead, loop, index = self.renderer.prefetch_bytes, self.load_loop.get(load), load.src[0]
+        if not ahead or loop is None or loop not in self.reduce_loops or len(load.src) == 3:
             return
         (stride,) = linear_strides(index.src[1], UOp.const(dtypes.bool, True), [loop])
         if not isinstance(stride, int) or stride <= 0:
@@ -646,9 +639,10 @@ class LLVMFunction:
         )
 
 
-def _loop_reads(uops: list[UOp]) -> dict[tuple[UOp, UOp], int]:
-    """Per (loop, buffer), the bytes one iteration of the loop reads from the buffer by the vector loads directly in
-    it (not in a loop inside it)."""
+def _loop_reads(uops: list[UOp]) -> tuple[dict[UOp, UOp], dict[tuple[UOp, UOp], int]]:
+    """Each vector load's innermost loop, and per (loop, buffer) the bytes one iteration of the loop reads from the
+    buffer by the vector loads directly in it (not in a loop inside it)."""
+    load_loop: dict[UOp, UOp] = {}
     out: dict[tuple[UOp, UOp], int] = {}
     loops: list[UOp] = []
     for u in uops:
@@ -657,9 +651,10 @@ def _loop_reads(uops: list[UOp]) -> dict[tuple[UOp, UOp], int]:
         elif u.op is Ops.END and loops and loops[-1] is u.src[0]:
             loops.pop()
         elif u.op is Ops.LOAD and loops and u.dtype.count > 1 and u.src[0].op is Ops.INDEX:
+            load_loop[u] = loops[-1]
             key = (loops[-1], u.src[0].src[0])
             out[key] = out.get(key, 0) + u.dtype.itemsize
-    return out
+    return load_loop, out
 
 
 def _accumulation(uops: list[UOp]) -> set[UOp]:
