@@ -296,16 +296,23 @@ def _window_matrix(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], pads) -> T
     return cols.permute(0, *range(2, 2 + nd), 1, *range(2 + nd, 2 + 2 * nd)).reshape(rows, width).contiguous()
 
 
+def _pixel_rows(g: Tensor) -> Tensor:
+    """The output's gradient (N, C_out, *out) stored as the matmuls over the window matrix read it: a row per output
+    pixel (N x pixels), a column per channel."""
+    nd, cout = g.ndim - 2, g.shape[1]
+    return g.permute(0, *range(2, 2 + nd), 1).reshape(math.prod(g.shape) // cout, cout).contiguous()
+
+
 def _weight_gradient_of_cols(g: Tensor, cols: Tensor, wshape: tuple[int, ...]) -> Tensor:
     """The weight gradient G^T @ cols from the output's gradient `g` (N, C_out, *out) and the window matrix `cols`
     of the same pixels; its reduction over every pixel of the batch is split into parts summed after where a GPU
     has few tiles, like `_conv_weight_gradient`'s."""
     from lazygrad.split_reduce import renderer_of
 
-    nd, n, cout = len(wshape) - 2, g.shape[0], wshape[0]
+    n, cout = g.shape[0], wshape[0]
     rows, width = cols.shape
     dt, acc = g.dtype, sum_dtype(g.dtype)
-    gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
+    gm = _pixel_rows(g)
     renderer = renderer_of(g.device)
     parts = 1
     if renderer is not None:
@@ -325,7 +332,7 @@ def _conv_by_im2col(x: Tensor, weight: Tensor, s: tuple[int, ...], pads, col2im:
     gradient summed back onto the input (`col2im`, stride 1) or the direct kernel's."""
     nd, n, cout, k = weight.ndim - 2, x.shape[0], weight.shape[0], weight.shape[2:]
     cols = _window_matrix(x, k, s, pads)
-    out = tuple((v + b + a - kk) // st + 1 for v, (b, a), kk, st in zip(x.shape[2:], pads, k, s))
+    out = _window_counts([v + b + a for v, (b, a) in zip(x.shape[2:], pads)], k, s, (1,) * nd)
     width = cols.shape[1]
     wm = weight.reshape(cout, width)
     # stored channel-major (NCHW) as convolutions are: the normalisation after it reduces each channel's pixels, which
@@ -347,7 +354,7 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, s: tuple[int, ...], pad
 
         wshape, xshape = shape_of(weight), shape_of(x)
         nd, n, c, cout, k = len(wshape) - 2, xshape[0], xshape[1], wshape[0], wshape[2:]
-        rows, width = cols.shape
+        width = cols.shape[1]
         dt = ctx.dtype
         acc = sum_dtype(dt)
         g = Tensor(ctx)
@@ -359,7 +366,7 @@ def _im2col_gradients(x: UOp, weight: UOp, cols: Tensor, s: tuple[int, ...], pad
             grads[x] = _conv_input_gradient(g, Tensor(weight), xshape[2:], 1, s, (1,) * nd, pads).uop
         elif needed(x):
             # (the same stored G as the weight gradient's: one kernel)
-            gm = g.permute(0, *range(2, 2 + nd), 1).reshape(rows, cout).contiguous()
+            gm = _pixel_rows(g)
             # (N, C, *k, *out): the gradient of each window's element
             dc = (gm @ Tensor(weight).reshape(cout, width)).reshape(n, *out, c, *k)
             dc = dc.permute(0, nd + 1, *range(nd + 2, 2 * nd + 2), *range(1, nd + 1)).cast(acc)
@@ -491,11 +498,11 @@ class FunctionalMixin:
         if padding == "same" and any(v != 1 for v in s):
             raise InputError("padding='same' needs stride 1, as in torch")
         pads = _pads(padding, k, d)
-        if _im2col_pays(self, weight, groups, s, d, pads, dtype):
-            ret = _conv_by_im2col(self, weight, s, pads)
-            return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
-        if _windows_forward(self, weight, groups, d, pads, dtype):
-            ret = _conv_by_im2col(self, weight, s, pads, col2im=False)
+        # by the window matrix: on a tensor-core GPU with the input's gradient summed from the matrix's, on the CPU
+        # with the direct one
+        gpu = _im2col_pays(self, weight, groups, s, d, pads, dtype)
+        if gpu or _windows_forward(self, weight, groups, d, pads, dtype):
+            ret = _conv_by_im2col(self, weight, s, pads, col2im=gpu)
             return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
         x = self.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
         out = x.shape[2 : 2 + nd]
