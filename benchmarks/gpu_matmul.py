@@ -123,10 +123,14 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
         name: kernel_seconds(passes()[name], runs, f"conv {name}") for name in ("forward", "input grad", "weight grad")
     }
     # the weight gradient as a product over the input's windows, built in the backward (not the default until a GPU
-    # has measured it: lazygrad.functional.IM2COL_WEIGHT_GRADIENT)
+    # has measured it: lazygrad.functional.IM2COL_WEIGHT_GRADIENT), read in NCHW
     windows = "weight grad, windows"
-    with Context(IM2COL_WEIGHT_GRADIENT=1):
+    with Context(IM2COL_WEIGHT_GRADIENT=1, CONV_CHANNELS_LAST=0):
         times[windows] = kernel_seconds(passes()["weight grad"], runs, f"conv {windows}")
+    # the three passes read in NCHW, as before the channels-last copies (lazygrad.functional.CONV_CHANNELS_LAST)
+    with Context(CONV_CHANNELS_LAST=0):
+        for name in ("forward", "input grad", "weight grad"):
+            times[f"{name}, NCHW"] = kernel_seconds(passes()[name], runs, f"conv {name}, NCHW")
     refs: dict[str, float | None] = dict.fromkeys(times)
     if torch is not None:
         torch.backends.cudnn.benchmark = True
@@ -142,11 +146,17 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
             want = fns[name]().float().cpu().numpy()
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
             refs[name] = torch_seconds(torch, fns[name], runs)
-        with Context(IM2COL_WEIGHT_GRADIENT=1):
+        with Context(IM2COL_WEIGHT_GRADIENT=1, CONV_CHANNELS_LAST=0):
             got = passes()["weight grad"].cast(dtypes.float32).numpy()
         want = fns["weight grad"]().float().cpu().numpy()
         np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
         refs[windows] = refs["weight grad"]
+        with Context(CONV_CHANNELS_LAST=0):
+            for name, t in passes().items():
+                want = fns[name]().float().cpu().numpy()
+                got = t.cast(dtypes.float32).numpy()
+                np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
+                refs[f"{name}, NCHW"] = refs[name]
     return [
         (f"conv3x3 {name} {dtype.name} b{batch}", seconds, refs[name], flops, "TFLOPS", TARGETS["conv"])
         for name, seconds in times.items()

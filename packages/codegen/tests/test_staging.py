@@ -753,16 +753,21 @@ def _conv_passes_match_torch(x_np: np.ndarray, w_np: np.ndarray, dtype: DType, *
         )
 
 
+@pytest.mark.parametrize("channels_last", [0, 1])
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
-def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType) -> None:
+def test_convolution_passes_through_the_frontend_match_torch(emulated_gpu, dtype: DType, channels_last: int) -> None:
     from lazygrad import engine
+    from lazygrad_uop.config import Context
 
     x_np = RNG.standard_normal((2, 16, 4, 4)).astype(np.float32)
     w_np = (RNG.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
-    _conv_passes_match_torch(x_np, w_np, dtype, padding=1)
+    with Context(CONV_CHANNELS_LAST=channels_last):
+        _conv_passes_match_torch(x_np, w_np, dtype, padding=1)
     # the forward and both gradients ran a staged kernel (too small for tensor cores, which would more than double
-    # these axes: test_convolution_from_local_memory has them)
-    assert len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts]) >= 3
+    # these axes: test_convolution_from_local_memory has them); read channels-last (fp16 on this GPU's tensor
+    # cores), the forward and the input gradient are one kernel, of the same shapes and layouts
+    staged = len([r for r in engine._runners.values() if Opt(OptOps.STAGE) in r.spec.opts])
+    assert staged >= (2 if channels_last and dtype == dtypes.float16 else 3)
 
 
 @pytest.mark.parametrize("dtype", [dtypes.float32])
@@ -863,8 +868,8 @@ def test_tf32_fragments_read_local_memory_without_bank_conflicts(monkeypatch) ->
 
 
 def test_tf32_weight_gradient_fragments_read_local_memory_without_bank_conflicts(monkeypatch) -> None:
-    """ResNet-18's 3x3 weight gradient (64 channels, 56x56, batch 64): its A fragments are float2 reads with TC_K
-    128 floats apart, 4 to a bank in every layout until that stride is padded."""
+    """ResNet-18's 3x3 weight gradient (64 channels, 56x56, batch 64) read in NCHW: its A fragments are float2
+    reads with TC_K 128 floats apart, 4 to a bank in every layout until that stride is padded."""
     pytest.importorskip("lazygrad")
     cuda = pytest.importorskip("lazygrad_cuda.renderer")
     from lazygrad import Tensor
@@ -876,7 +881,7 @@ def test_tf32_weight_gradient_fragments_read_local_memory_without_bank_conflicts
     before = dev.renderer
     dev.use_renderer(renderer)  # the frontend splits the weight gradient for the renderer's compute units
     try:
-        with Context(TF32=1):
+        with Context(TF32=1, CONV_CHANNELS_LAST=0):
             x = Tensor.empty(64, 64, 56, 56, device="PYTHON").requires_grad_()
             w = Tensor.empty(64, 64, 3, 3, device="PYTHON").requires_grad_()
             (dw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(64, 64, 56, 56, device="PYTHON"))

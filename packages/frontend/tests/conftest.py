@@ -103,3 +103,16 @@ def tensor_core_gpu() -> Iterator[str]:
     cores = pytest.importorskip("lazygrad_cuda.tensor_cores")
     with _rendering_for(GPUTarget(name="TCGPU", tensor_cores=cores.TENSOR_CORES["sm_80"], warp_size=32)) as device:
         yield device
+
+
+@pytest.fixture
+def cuda_like_gpu() -> Iterator[str]:
+    """The PYTHON device rendering for a GPU like CUDA's sm_80: warps of 32, its tensor cores, asynchronous copies
+    (`cp.async`) and `ldmatrix`, restored afterwards."""
+    from lazygrad_python.device import GPUTarget
+
+    cores = pytest.importorskip("lazygrad_cuda.tensor_cores").TENSOR_CORES["sm_80"]
+    with _rendering_for(
+        GPUTarget(name="CUDALIKE", tensor_cores=cores, warp_size=32, async_copy=True, ldmatrix=True)
+    ) as device:
+        yield device

@@ -148,13 +148,15 @@ def _convolution_gradients_fill_the_gpu(renderer: CUDARenderer, dtype: DType, co
     x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(cout, 64, 3, 3, dtype=dtype).requires_grad_()
     out = x.conv2d(w, padding=1, stride=stride)
     dx, dw = out.gradient(x, w, gradient=_t(*out.shape, dtype=dtype))
-    # the input gradient: one staged kernel, as many workgroups as the forward's
-    (dx_item,) = dx.schedule()
+    # the input gradient: one staged kernel, as many workgroups as the forward's (after the channels-last copies of
+    # its operands, on tensor cores: `lazygrad.functional.CONV_CHANNELS_LAST`)
+    *copies, dx_item = dx.schedule()
+    assert len(copies) == (0 if not on_tensor_cores else 3 if stride == 1 else 1)
     dx_spec = get_program(dx_item.ast, renderer)
     assert _staged(dx_spec) and not _spills(dx_spec)
     # the weight gradient: a staged kernel of parts with a workgroup or more per multiprocessor (unsplit, its 64 x 576
     # outputs made 9), then their sum, which reads at most SPLIT_K_MAX values per weight
-    parts_item, sum_item = dw.schedule()
+    *_, parts_item, sum_item = dw.schedule()
     spec = get_program(parts_item.ast, renderer)
     assert _staged(spec), spec.opts
     # `tiling.FMA_WARPS_PER_UNIT` warps per multiprocessor or more, over a workgroup per multiprocessor or nearly (the
@@ -229,7 +231,7 @@ def _loops(src: str) -> list[tuple[str, list[str]]]:
 def test_staged_main_loops_are_not_unrolled(cuda_graphs) -> None:
     # the loops around a staged weight gradient's barriers carry `#pragma unroll 1`; the loops of its parts' sum,
     # which has no barrier, do not
-    parts, total = _conv(64, 128, 3, 2, 56, dtypes.float16, 2).schedule()
+    *_, parts, total = _conv(64, 128, 3, 2, 56, dtypes.float16, 2).schedule()
     loops = _loops(get_program(parts.ast, cuda_graphs).src)
     assert any("__syncthreads();" in line for _, body in loops for line in body)
     for before, body in loops:
@@ -248,7 +250,7 @@ def test_split_k_counts_the_tiles_it_gets(monkeypatch, cuda_graphs, dtype, cin, 
     # tile is 64 wide along 64 channels and 1 along each tap: 9 workgroups for the 64 -> 64 3x3 layer in fp16, where
     # 128x128 tiles of its 64 x 576 outputs would count 5)
     monkeypatch.setattr(functional, "split_k_parts", lambda *a, **kw: 1)
-    (item,) = _conv(cin, cout, k, stride, size, dtype, 2).schedule()
+    *_, item = _conv(cin, cout, k, stride, size, dtype, 2).schedule()
     spec = get_program(item.ast, cuda_graphs)
     out = (size + 2 * (k // 2) - k) // stride + 1
     taps = tuple(v for v in (cin, k, k) if v > 1)

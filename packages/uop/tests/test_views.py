@@ -311,6 +311,72 @@ def test_simplify_merges_views_that_compose_to_one() -> None:
     assert len(stacked.simplify().views) == 2
 
 
+def window_ops(lead: tuple[int, ...], ins: tuple[int, ...], k, s, d) -> list[Op]:
+    """The movement ops of overlapping windows (the frontend's `_pool`): the input repeated, cut into rows that each
+    start `d` further along it, then `o` windows of stride `s` per row; (*lead, *out, *k) at the end."""
+    outs = [(n - dd * (kk - 1) - 1) // ss + 1 for n, kk, ss, dd in zip(ins, k, s, d, strict=True)]
+    rows = [n * max(1, -(-(o * ss - dd) // n)) + dd for n, o, ss, dd in zip(ins, outs, s, d, strict=True)]
+    reps = [-(-(kk * r) // n) for kk, r, n in zip(k, rows, ins, strict=True)]
+    keep = tuple((0, v) for v in lead)
+    nl = len(lead)
+    return [
+        ("reshape", (*lead, *(v for n in ins for v in (1, n)))),
+        ("expand", (*lead, *(v for e, n in zip(reps, ins, strict=True) for v in (e, n)))),
+        ("reshape", (*lead, *(e * n for e, n in zip(reps, ins, strict=True)))),
+        ("shrink", keep + tuple((0, kk * r) for kk, r in zip(k, rows, strict=True))),
+        ("reshape", (*lead, *(v for kk, r in zip(k, rows, strict=True) for v in (kk, r)))),
+        ("shrink", keep + tuple(v for kk, o, ss in zip(k, outs, s, strict=True) for v in ((0, kk), (0, o * ss)))),
+        ("reshape", (*lead, *(v for kk, o, ss in zip(k, outs, s, strict=True) for v in (kk, o, ss)))),
+        ("shrink", keep + tuple(v for kk, o in zip(k, outs, strict=True) for v in ((0, kk), (0, o), (0, 1)))),
+        ("reshape", (*lead, *(v for kk, o in zip(k, outs, strict=True) for v in (kk, o)))),
+        ("permute", (*range(nl), *(nl + 2 * i + 1 for i in range(len(k))), *(nl + 2 * i for i in range(len(k))))),
+    ]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_overlapping_windows_merge_to_one_view(data: st.DataObject) -> None:
+    """Overlapping windows (kernel, stride, dilation) over a stored input, whose steps each move two dims of the
+    repeated input at once, are one view with overlapping strides (`_merge_by_digits`); over a padded input they
+    stay two where padding lies under windows that overlap. Both map every element like numpy's windows."""
+    nd = data.draw(st.integers(1, 2))
+    lead = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    k = tuple(data.draw(st.integers(1, 3)) for _ in range(nd))
+    s = tuple(data.draw(st.integers(1, 2)) for _ in range(nd))
+    d = tuple(data.draw(st.integers(1, 2)) for _ in range(nd))
+    ins = tuple(data.draw(st.integers(dd * (kk - 1) + 1, dd * (kk - 1) + 5)) for kk, dd in zip(k, d, strict=True))
+    pads = tuple((data.draw(st.integers(0, 1)), data.draw(st.integers(0, 1))) for _ in range(nd))
+    padded = any(b or a for b, a in pads)
+    base = tuple(n - b - a for n, (b, a) in zip(ins, pads, strict=True))
+    if any(v < 1 for v in base) or math.prod((*lead, *ins)) * math.prod(k) > 4 * MAX_ELEMENTS:
+        return
+    ops: list[Op] = [("pad", (*((0, 0) for _ in lead), *pads))] if padded else []
+    tracker, ref = run_chain((*lead, *base), ops + window_ops(lead, ins, k, s, d))
+    # numpy's windows of the same (padded) input
+    src = np.arange(math.prod((*lead, *base))).reshape(*lead, *base)
+    src = np.pad(src, ((0, 0),) * len(lead) + pads, constant_values=PAD)
+    win = np.lib.stride_tricks.sliding_window_view(
+        src, tuple(dd * (kk - 1) + 1 for kk, dd in zip(k, d, strict=True)), axis=tuple(range(len(lead), len(lead) + nd))
+    )
+    win = win[(..., *(slice(None, None, ss) for ss in s), *(slice(None, None, dd) for dd in d))]
+    np.testing.assert_array_equal(ref, win)
+    simple = tracker.simplify()
+    np.testing.assert_array_equal(mapping(simple), win)
+    if not padded:
+        assert len(simple.views) == 1, simple
+    check_real_strides(tracker, ref)
+
+
+def test_windows_of_a_stored_input_have_their_strides() -> None:
+    """A 3x3 window (stride 1) of a stored (8, 10, 10, 4) channels-last input, read as (N, C, H, W): one view whose
+    strides are the input's own, the windows overlapping (a step along the window and along the output move the
+    same address)."""
+    ops: list[Op] = [("permute", (0, 3, 1, 2)), *window_ops((8, 4), (10, 10), (3, 3), (1, 1), (1, 1))]
+    tracker, _ = run_chain((8, 10, 10, 4), ops)
+    (view,) = tracker.simplify().views
+    assert view.shape == (8, 4, 8, 8, 3, 3) and view.strides == (400, 1, 40, 4, 40, 4) and view.mask is None
+
+
 def test_empty_and_zero_size_views_are_canonical() -> None:
     v = View.create((3, 4)).shrink(((1, 1), (0, 4)))
     assert v.shape == (0, 4) and v.strides == (0, 0) and v.mask is None and v.contiguous

@@ -147,6 +147,7 @@ def _valid_by_vectors(st: ShapeTracker, axis: int, v: int) -> bool:
     """Whether every run of `v` elements along `axis` that starts at a multiple of `v` is valid or masked as a
     whole, so that one gated vector copy moves it: `st`'s masks along `axis` (through a split, in the lower view's
     dim that `axis` moves) fall on multiples of the run."""
+    st = st.simplify()
     if len(st.views) == 1:
         mask = st.views[0].mask
         return mask is None or all(isinstance(b, int) and b % v == 0 for b in mask[axis])
@@ -190,7 +191,11 @@ def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
     the copies aligned, and its masks (padding, edges) take or leave each copy whole (`_valid_by_vectors`)."""
     st = k.views[load.src[1]]
     strides = _int_strides(k, load)
-    free = _unmasked(st)
+    # one view with its masks where the stack merges as it is (windows over a stored input: the masks bound how far
+    # the steps reach), else one without them (a padded view split into tiles)
+    free = st.simplify()
+    if len(free.views) != 1:
+        free = _unmasked(st)
     if strides is None or len(free.views) != 1 or strides[axis] != 1:
         return 1
     offset = free.views[0].offset
@@ -237,14 +242,38 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
         if k.tensor_core is not None and item == 4:
             layout, pads = _fragment_layout(k, operand, copy, sizes, vector)
         else:
+            if k.tensor_core is not None:
+                layout = _tensor_core_axes_last(k, layout)
             inner, row = _row(k, layout, sizes)
-            pads = {inner: COPY_BYTES // item} if inner < len(layout) and row * item >= PAD_FROM_BYTES else {}
+            pads = {inner: COPY_BYTES // item} if inner < len(layout) and _pads_row(k, row * item) else {}
         local, stride = _local_strides(layout, sizes, pads)
         tile = math.prod(sizes.values())
         slot = stride if axes else 1
         store_vector = _store_vector(local, copy, vector, slot)
         out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
     return out
+
+
+def _tensor_core_axes_last(k: Kernel, layout: list[int]) -> list[int]:
+    """`layout` with the tensor-core axes last in each run of axes on one side of the reduction, so that a fragment's
+    rows (8 of its M or N coordinates for A or B) are one row of the buffer apart: a convolution read channels-last
+    copies its tile in the order of the input's memory, the batch outermost, which would put TC_M's rows a whole
+    tile apart, all in one bank."""
+    tc = (AxisType.TC_M, AxisType.TC_N, AxisType.TC_K)
+    runs: list[list[int]] = []
+    for a in layout:
+        if runs and (k.axis_types[a] in REDUCE_TYPES) == (k.axis_types[runs[-1][-1]] in REDUCE_TYPES):
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return [a for run in runs for a in sorted(run, key=lambda a: k.axis_types[a] in tc)]
+
+
+def _pads_row(k: Kernel, row_bytes: int) -> bool:
+    """Whether rows of `row_bytes` are padded by COPY_BYTES: long ones (PAD_FROM_BYTES), so that the threads of a warp
+    reading one column hit different banks; and, on tensor cores, rows of two 16-byte units, which `ldmatrix` would
+    read 8 at a time two to a bank (rows 48 bytes apart meet none)."""
+    return row_bytes >= PAD_FROM_BYTES or (k.tensor_core is not None and row_bytes == 2 * COPY_BYTES)
 
 
 def _local_strides(layout: list[int], sizes: dict[int, int], pads: dict[int, int]) -> tuple[dict[int, int], int]:

@@ -21,7 +21,7 @@ from lazygrad.errors import InputError, KindError
 from lazygrad.gradient import GradientRule, set_gradient_rule
 from lazygrad.movement import concrete_sizes
 from lazygrad_codegen.reductions import gemm_launch, split_k_parts
-from lazygrad_uop.config import ContextVar
+from lazygrad_uop.config import Context, ContextVar
 from lazygrad_uop.dtype import DType, dtypes, least_upper_float, sum_dtype, to_dtype
 from lazygrad_uop.shape import shape_of
 from lazygrad_uop.uop import UOp
@@ -287,6 +287,87 @@ def _matmul_units(device: str, dtype: DType) -> bool:
     return any(tc.dtype_in == dtype and allowed(tc) for tc in r.tensor_cores)
 
 
+CONV_CHANNELS_LAST = ContextVar("CONV_CHANNELS_LAST", 1)
+"""Whether a convolution on a GPU whose tensor cores take its dtype reads its input, its weight and its output's
+gradient through channels-last copies (N, *spatial, C; `_conv_channels_last`). 1 (the default): for convolutions
+of one group and more than one tap whose input channels fill whole 16-byte vectors (`_channels_last_pays`); 0:
+never.
+
+Why: in NCHW a window's input channels, the reduction the tensor cores take 16 at a time, lie a whole image apart,
+so the direct kernel stages its operands with one 2-byte load per element (35 TFLOPS on the H200 for ResNet-18's
+64-channel 3x3 forward in fp16, cuDNN 136). Channels-last, a step of the reduction is 16 neighbours in memory, and
+the input padded before it is stored makes the windows one view (overlapping strides, no mask), so the kernel
+stages both operands with the 16-byte `cp.async` copies of its 4-stage pipeline, as the matmuls do. The copies cost
+one read and write of the input (and of the output's gradient in the backward). Not yet measured on a GPU."""
+
+
+def _channels_last(t: Tensor) -> Tensor:
+    """`t` (N, C, *spatial) stored channels-last, (N, *spatial, C), and read back as (N, C, *spatial): the same
+    values, the channels neighbours in memory."""
+    nd = t.ndim - 2
+    return t.permute(0, *range(2, 2 + nd), 1).contiguous().permute(0, nd + 1, *range(1, nd + 1))
+
+
+def _channels_last_pays(x: Tensor, weight: Tensor, groups: int, dtype) -> bool:
+    """Whether conv2d of `x` with `weight` runs by `_conv_channels_last` (see `CONV_CHANNELS_LAST`)."""
+    if not CONV_CHANNELS_LAST.value or dtype is not None or groups != 1 or math.prod(weight.shape[2:]) < 2:
+        return False
+    if x.dtype != weight.dtype or not dtypes.is_float(x.dtype) or not isinstance(cin := x.shape[1], int):
+        return False
+    return cin * x.dtype.itemsize % 16 == 0 and _matmul_units(x.device, x.dtype)
+
+
+def _conv_direct(x: Tensor, weight: Tensor, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads, dtype) -> Tensor:
+    """conv2d as one reduction over the windows of the padded input, read in place: the input channels of a group
+    and the kernel's taps of the product of each window and the weight, in `dtype` (the product's, for floats)."""
+    nd, bs, (cout, cin_g), k = weight.ndim - 2, x.shape[0], weight.shape[:2], weight.shape[2:]
+    xw = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
+    out = xw.shape[2 : 2 + nd]
+    xw = xw.reshape(bs, groups, 1, cin_g, *out, *k)
+    w = weight.reshape(1, groups, cout // groups, cin_g, *(1,) * nd, *k)
+    axes = (3, *range(4 + nd, 4 + 2 * nd))
+    prod = xw * w
+    acc = to_dtype(dtype) if dtype is not None else None
+    if acc is None and not dtypes.is_float(prod.dtype):
+        acc = prod.dtype
+    return prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
+
+
+def _conv_channels_last(x: Tensor, weight: Tensor, s: tuple[int, ...], d: tuple[int, ...], pads) -> Tensor:
+    """conv2d (one group) read through channels-last copies (see `CONV_CHANNELS_LAST`): the input padded, then
+    stored channels-last, and the weight likewise, each read back as (N, C, *spatial) by the direct kernel. Its
+    backward, from a channels-last copy of the output's gradient: the input's gradient a convolution of it (which
+    takes this path too), the weight's the direct weight gradient over it and the stored input."""
+    nd = len(s)
+    xp = _channels_last(x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads))))
+    with Context(CONV_CHANNELS_LAST=0):
+        ret = _conv_direct(xp, _channels_last(weight), 1, s, d, ((0, 0),) * nd, None)
+    if not type(x).no_grad:
+        set_gradient_rule(ret.uop, _channels_last_gradients(x.uop, weight.uop, xp, s, d, pads))
+    return ret
+
+
+def _channels_last_gradients(
+    x: UOp, weight: UOp, xp: Tensor, s: tuple[int, ...], d: tuple[int, ...], pads
+) -> GradientRule:
+    """`_conv_channels_last`'s backward from the padded channels-last input `xp` its forward stored."""
+
+    def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
+        from lazygrad.tensor import Tensor
+
+        # the output's gradient transposed once: the input gradient's convolution pads it (a plain copy then, its
+        # layout already channels-last; the phases of a stride 2 read it in place), the weight gradient reads it
+        g, grads = _channels_last(Tensor(ctx)), {}
+        if needed(x):
+            grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], 1, s, d, pads).uop
+        if needed(weight):
+            none = ((0, 0),) * len(s)
+            grads[weight] = _conv_weight_gradient(g, xp, shape_of(weight), 1, s, d, none).uop
+        return grads
+
+    return rule
+
+
 def _window_matrix(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], pads) -> Tensor:
     """The windows (stride `s`) of the padded input as a stored matrix: a row per output pixel (N x pixels, batch
     first) and a column per input channel and tap (channel first)."""
@@ -486,7 +567,7 @@ class FunctionalMixin:
                 f"conv of input {self.shape} with weight {weight.shape}: need (N, C, *spatial) and "
                 f"(C_out, C_in/groups, *kernel) with the same number of spatial dims"
             )
-        bs, cin = self.shape[:2]
+        cin = self.shape[1]
         cout, cin_g = weight.shape[:2]
         k = weight.shape[2:]
         if cin != groups * cin_g or cout % groups:
@@ -504,16 +585,10 @@ class FunctionalMixin:
         if gpu or _windows_forward(self, weight, groups, d, pads, dtype):
             ret = _conv_by_im2col(self, weight, s, pads, col2im=gpu)
             return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
-        x = self.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, d)  # (N, C_in, *out, *k)
-        out = x.shape[2 : 2 + nd]
-        x = x.reshape(bs, groups, 1, cin_g, *out, *k)
-        w = weight.reshape(1, groups, cout // groups, cin_g, *(1,) * nd, *k)
-        axes = (3, *range(4 + nd, 4 + 2 * nd))
-        prod = x * w
-        acc = to_dtype(dtype) if dtype is not None else None
-        if acc is None and not dtypes.is_float(prod.dtype):
-            acc = prod.dtype
-        ret = prod.sum(axes, dtype=acc).reshape(bs, cout, *out)
+        if _channels_last_pays(self, weight, groups, dtype):
+            ret = _conv_channels_last(self, weight, s, d, pads)
+            return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
+        ret = _conv_direct(self, weight, groups, s, d, pads, dtype)
         if not type(self).no_grad and dtypes.is_float(ret.dtype) and self.dtype == weight.dtype == ret.dtype:
             # autograd through the window view would store the product of the gradient and the weight at every window
             # position (9x the input for a 3x3 kernel) and sum it in a second kernel; written out, each gradient is one

@@ -452,7 +452,8 @@ class View:
             return None
         if outer.empty or self.empty:
             return View.create(outer.shape, mask=((0, 0),) * len(outer.shape)) if outer.shape else None
-        return _merge_views(self, outer)
+        merged = _merge_views(self, outer)
+        return merged if merged is not None else _merge_by_digits(self, outer)
 
 
 # An index expression is a pure function of a (hashable, immutable) view and interned index nodes, and codegen asks
@@ -585,6 +586,66 @@ def _merge_views(inner: View, outer: View) -> View | None:
     view = view.expand(valid_counts)
     view = view.flip(tuple(d in moving and strides[d] < 0 for d in range(len(shape))))
     return view.pad(tuple((b, s - e) for (b, e), s in zip(mask, shape, strict=True)))
+
+
+def _merge_by_digits(inner: View, outer: View) -> View | None:
+    """`outer` on top of `inner` as one view when each of outer's steps moves inner's dims by fixed amounts that
+    never carry: written in the mixed radix of inner's shape, the position outer starts at plus every step times its
+    largest count stays inside each dim. Each inner coordinate is then its start plus a sum of outer coordinates
+    times those digits, so the buffer index is affine in outer's coordinates. This is the window view over an input
+    (`_pool`'s repeat-and-reshape), whose steps each move two dims of the repeated input at once (a row and its
+    repeat), which `_merge_views` can't nest. Validity: an inner mask on a dim that no outer dim moves is a constant,
+    on a dim one outer dim moves an interval of it; a mask on a dim several move (padding under overlapping
+    windows) is no box, and gives None. Outer's strides must not be negative, inner's fields must be ints."""
+    fields = (*inner.strides, inner.offset, *(v for m in inner._full_mask() for v in m))
+    if not _all_int(fields) or any(int(st) < 0 for st in outer.strides) or int(outer.offset) < 0:
+        return None
+    ishape = [int(s) for s in inner.shape]
+    places = [int(prod(ishape[j + 1 :])) for j in range(len(ishape))]
+    total = places[0] * ishape[0] if ishape else 1
+
+    def digits(x: int) -> list[int] | None:
+        return None if x >= total else [x // p % s for p, s in zip(places, ishape, strict=True)]
+
+    mask = [(int(b), int(e)) for b, e in outer._full_mask()]
+    strides = [int(st) for st in outer.strides]
+    base = digits(int(outer.offset) + sum(st * b for st, (b, _) in zip(strides, mask, strict=True)))
+    if base is None:
+        return None
+    steps: list[list[int]] = []
+    reach, movers = list(base), [[] for _ in ishape]  # type: list[int], list[list[int]]
+    for d, (st, (b, e)) in enumerate(zip(strides, mask, strict=True)):
+        step = digits(st) if e - b > 1 else [0] * len(ishape)
+        if step is None:
+            return None
+        steps.append(step)
+        for j, a in enumerate(step):
+            if a:
+                reach[j] += a * (e - b - 1)
+                movers[j].append(d)
+    if any(r >= s for r, s in zip(reach, ishape, strict=True)):
+        return None
+    istrides = [int(st) for st in inner.strides]
+    new_strides = [sum(a * st for a, st in zip(step, istrides, strict=True)) for step in steps]
+    offset = int(inner.offset) + sum(c * st for c, st in zip(base, istrides, strict=True))
+    offset -= sum(b * st for (b, _), st in zip(mask, new_strides, strict=True))
+    bounds = [list(m) for m in mask]
+    for j, (ib, ie) in enumerate(inner._full_mask()):
+        ib, ie = int(ib), int(ie)
+        if (ib, ie) == (0, ishape[j]):
+            continue
+        if not movers[j]:
+            if not ib <= base[j] < ie:
+                return View.create(outer.shape, mask=((0, 0),) * len(outer.shape))
+            continue
+        if len(movers[j]) > 1:
+            return None
+        d = movers[j][0]
+        a, b = steps[d][j], mask[d][0]
+        # ib <= base + a * (i - b) < ie
+        bounds[d][0] = max(bounds[d][0], b + -(-(ib - base[j]) // a))
+        bounds[d][1] = min(bounds[d][1], b + -(-(ie - base[j]) // a))
+    return View.create(outer.shape, new_strides, offset, [tuple(m) for m in bounds])
 
 
 # *** ShapeTracker ***
