@@ -122,12 +122,13 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
     times = {
         name: kernel_seconds(passes()[name], runs, f"conv {name}") for name in ("forward", "input grad", "weight grad")
     }
-    # the weight gradient as a product over the input's windows, built in the backward (not the default until a GPU
-    # has measured it: lazygrad.functional.IM2COL_WEIGHT_GRADIENT), read in NCHW
-    windows = "weight grad, windows"
-    with Context(IM2COL_WEIGHT_GRADIENT=1, CONV_CHANNELS_LAST=0):
-        times[windows] = kernel_seconds(passes()["weight grad"], runs, f"conv {windows}")
-    # the three passes read in NCHW, as before the channels-last copies (lazygrad.functional.CONV_CHANNELS_LAST)
+    # read in NCHW, the weight gradient's direct kernel, as before the window matrix's
+    # (lazygrad.functional.IM2COL_WEIGHT_GRADIENT)
+    direct = "weight grad, NCHW direct"
+    with Context(IM2COL_WEIGHT_GRADIENT=0, CONV_CHANNELS_LAST=0):
+        times[direct] = kernel_seconds(passes()["weight grad"], runs, f"conv {direct}")
+    # the three passes read in NCHW, as before the channels-last copies (lazygrad.functional.CONV_CHANNELS_LAST): the
+    # weight gradient over the window matrix
     with Context(CONV_CHANNELS_LAST=0):
         for name in ("forward", "input grad", "weight grad"):
             times[f"{name}, NCHW"] = kernel_seconds(passes()[name], runs, f"conv {name}, NCHW")
@@ -146,11 +147,11 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
             want = fns[name]().float().cpu().numpy()
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
             refs[name] = torch_seconds(torch, fns[name], runs)
-        with Context(IM2COL_WEIGHT_GRADIENT=1, CONV_CHANNELS_LAST=0):
+        with Context(IM2COL_WEIGHT_GRADIENT=0, CONV_CHANNELS_LAST=0):
             got = passes()["weight grad"].cast(dtypes.float32).numpy()
         want = fns["weight grad"]().float().cpu().numpy()
         np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
-        refs[windows] = refs["weight grad"]
+        refs[direct] = refs["weight grad"]
         with Context(CONV_CHANNELS_LAST=0):
             for name, t in passes().items():
                 want = fns[name]().float().cpu().numpy()

@@ -98,9 +98,9 @@ def test_padded_expression_convolution_is_staged_and_matches_torch(shape, conv, 
     try:
         x_np = RNG.standard_normal(shape).astype(np.float32)
         w_np = (RNG.standard_normal((16, shape[1], 3, 3)) * 0.3).astype(np.float32)
-        # read in NCHW, where the kernel reads the expression in place (channels-last, fp16 on tensor cores, would
-        # store it padded first)
-        with Context(CONV_CHANNELS_LAST=0):
+        # read in NCHW by the direct kernels, which read the expression in place (channels-last, fp16 on tensor
+        # cores, would store it padded first; the weight gradient over the window matrix would store its windows)
+        with Context(CONV_CHANNELS_LAST=0, IM2COL_WEIGHT_GRADIENT=0):
             ours, torch_ = _conv_of_padded_expression(x_np, w_np, dtype, **conv)
         # some matmul-like kernel reads the padded expression through its select, and is staged all the same
         selected = 0

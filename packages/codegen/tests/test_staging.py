@@ -881,7 +881,7 @@ def test_tf32_weight_gradient_fragments_read_local_memory_without_bank_conflicts
     before = dev.renderer
     dev.use_renderer(renderer)  # the frontend splits the weight gradient for the renderer's compute units
     try:
-        with Context(TF32=1, CONV_CHANNELS_LAST=0):
+        with Context(TF32=1, CONV_CHANNELS_LAST=0, IM2COL_WEIGHT_GRADIENT=0):
             x = Tensor.empty(64, 64, 56, 56, device="PYTHON").requires_grad_()
             w = Tensor.empty(64, 64, 3, 3, device="PYTHON").requires_grad_()
             (dw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(64, 64, 56, 56, device="PYTHON"))

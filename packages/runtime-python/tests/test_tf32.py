@@ -264,8 +264,9 @@ def test_weight_gradient_with_padded_fragment_strides_on_tf32(monkeypatch) -> No
         x_np = RNG.standard_normal((4, 16, 16, 16)).astype(np.float32)
         w_np = (RNG.standard_normal((32, 16, 3, 3)) * 0.3).astype(np.float32)
         g_np = RNG.standard_normal((4, 32, 16, 16)).astype(np.float32)
-        # read in NCHW, whose A tile has the TC_K stride the padding is for
-        with Context(TF32=1, PROGRAM_CACHE=0, CONV_CHANNELS_LAST=0):  # generated here, so the layouts chosen are seen
+        # generated here, so the layouts chosen are seen; read in NCHW by the direct kernel, whose A tile has the
+        # TC_K stride the padding is for
+        with Context(TF32=1, PROGRAM_CACHE=0, CONV_CHANNELS_LAST=0, IM2COL_WEIGHT_GRADIENT=0):
             w = Tensor(w_np, device="PYTHON").requires_grad_()
             out = Tensor(x_np, device="PYTHON").conv2d(w, padding=1)
             (dw,) = out.gradient(w, gradient=Tensor(g_np, device="PYTHON"))

@@ -37,6 +37,9 @@ from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOp
 from lazygrad_codegen.reductions import group_outer_rows, group_rows
 from lazygrad_codegen.tiling import staged_matmul
 from lazygrad_codegen.vectors import VECTOR_BYTES
+from lazygrad_uop.dtype import dtypes
+from lazygrad_uop.symbolic import sym_infer
+from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
 
 
@@ -58,6 +61,21 @@ def _stride(st: ShapeTracker, axis: int) -> int | None:
     """The stride of `st` along `axis` when it is one int (None: not a plain stride)."""
     s = st.real_strides(ignore_valid=True)[axis]
     return s if isinstance(s, int) else None
+
+
+def _first_step(st: ShapeTracker, axis: int) -> int | None:
+    """How far the address `st` reads moves from coordinate 0 to 1 of `axis` (the others 0): its stride where it
+    has one, else that first step of it (rows of 14 pixels of several images merged into one axis step by 1 within
+    a row). None where the axis is 1 long or a coordinate is symbolic."""
+    if (s := _stride(st, axis)) is not None:
+        return s
+    if not all(isinstance(n, int) for n in st.shape) or st.shape[axis] < 2:
+        return None
+    coords = [UOp.const(dtypes.int32, 0)] * len(st.shape)
+    first, _ = st.to_indexed_uops(coords)
+    coords[axis] = UOp.const(dtypes.int32, 1)
+    second, _ = st.to_indexed_uops(coords)
+    return int(sym_infer(second, {})) - int(sym_infer(first, {}))
 
 
 def _index_among(k: Kernel, axis: int, *types: AxisType) -> int:
@@ -191,12 +209,22 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         # a transpose: an input contiguous along another output axis is read in vectors along that one too, and the
         # tile turned around in registers, instead of a load per element from as many rows (the CPU: a 1536x1024
         # float32 transpose in 0.9 ms instead of 4)
-        if not r.has_local and width > 1:
-            across = [
-                i for i in range(n_globals) if i != out_contig[-1] and any(_stride(st, i) == 1 for _, st in k.loads())
-            ]
-            if across:
-                g.upcast(across[-1], [width, 8, 4])
+        across = [
+            i for i in range(n_globals) if i != out_contig[-1] and any(_stride(st, i) == 1 for _, st in k.loads())
+        ]
+        if not r.has_local and width > 1 and across:
+            g.upcast(across[-1], [width, 8, 4])
+        # on a GPU, only an input read along both (a transpose, not a row's statistic broadcast along the output), in
+        # steps of 1 or 2 elements (every other pixel: a stride-2 window); its rows may be the pixels of several
+        # images merged into one axis, read in runs of a row's length
+        moved = [
+            i
+            for i in range(n_globals)
+            if i != out_contig[-1]
+            and any(_first_step(st, i) in (1, 2) and _stride(st, out_contig[-1]) != 0 for _, st in k.loads())
+        ]
+        if r.has_local and k.use_locals and moved and _transpose_tiles(k, g, out_contig[-1], moved[-1]):
+            return k
     # short reductions become straight-line code (from the last axis, so earlier indices stay valid)
     for n in reversed(range(len(k.axes(AxisType.REDUCE)))):
         size = k.full_shape[k.axes(AxisType.REDUCE)[n]]
@@ -378,6 +406,66 @@ def _group(k: Kernel) -> None:
             if all(_try(trial, o) for o in opts):
                 k.apply_opts(opts)
                 return
+
+
+TRANSPOSE_THREADS = 256
+SECTOR_BYTES = 32
+
+
+def _transpose_tiles(k: Kernel, g: _Globals, out_axis: int, in_axis: int) -> bool:
+    """A GPU transpose (NCHW to channels-last, a matrix's transpose), after the output's vector upcast: each thread
+    also a run of a few elements along the input's contiguous axis `in_axis`, and the lanes of a warp split between
+    the two axes so that it reads a whole 32-byte sector of each input row it touches (that axis padded to whole
+    sectors where it has none: a padded image's 58 pixels) and writes as much of each output row. With its lanes
+    all along the output's axis a warp read an element or two of as many rows, a sector each: 12-40% of the bytes it
+    moved were used, by `memory_traffic.sector_use`. Then more threads over the other output axes, and the input's
+    outside the warp, up to `TRANSPOSE_THREADS`. Returns whether it applied."""
+    # bytes an input row moves per step of `in_axis` (a stride of 2: the window of a 1x1 stride-2 convolution)
+    item = max(
+        (ld.dtype.itemsize * abs(step) for ld, st in k.loads() if (step := _first_step(st, in_axis)) in (1, 2)),
+        default=4,
+    )
+    sector = max(1, SECTOR_BYTES // item)  # steps of `in_axis` across a sector of an input row
+    b = g.axis(in_axis)
+    if b is None or not isinstance(size := k.full_shape[b], int):
+        return False
+    if size % sector and size > sector and not _try(k, Opt(OptOps.PADTO, _index_among(k, b, AxisType.GLOBAL), sector)):
+        return False
+    run = g.upcast(in_axis, [c for c in (8, 4, 2) if c * k.lanes(AxisType.UPCAST) <= 64])
+    a, b = g.axis(out_axis), g.axis(in_axis)
+    if a is None or b is None:
+        return False
+    lanes_b = max(1, sector // run)
+    while lanes_b > 1 and int(k.full_shape[b]) % lanes_b:
+        lanes_b //= 2
+    lanes_a = 32 // lanes_b
+    while lanes_a > 1 and int(k.full_shape[a]) % lanes_a:
+        lanes_a //= 2
+    if lanes_a * lanes_b < 8:
+        return False
+    amounts = {a: lanes_a, b: lanes_b}
+    threads = lanes_a * lanes_b
+    for axis in reversed(k.axes(AxisType.GLOBAL)):
+        size = k.full_shape[axis]
+        if axis in amounts or not isinstance(size, int) or threads >= TRANSPOSE_THREADS:
+            continue
+        amount = TRANSPOSE_THREADS // threads
+        while amount > 1 and size % amount:
+            amount //= 2
+        if amount > 1:
+            amounts[axis] = amount
+            threads *= amount
+    # short of threads (a matrix: no other axis), more along the input's axis, outside the warp's lanes
+    extra = TRANSPOSE_THREADS // threads
+    while extra > 1 and (int(k.full_shape[b]) // lanes_b) % extra:
+        extra //= 2
+    amounts[b] *= extra
+    # from the last axis back, so that a split that takes a whole axis moves none still to come
+    globals_ = k.axes(AxisType.GLOBAL)
+    for axis in sorted(amounts, reverse=True):
+        if amounts[axis] > 1:
+            _try(k, Opt(OptOps.LOCAL, globals_.index(axis), amounts[axis]))
+    return True
 
 
 def _locals(k: Kernel) -> None:

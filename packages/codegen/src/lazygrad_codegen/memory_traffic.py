@@ -5,7 +5,10 @@ loaded is used 128 times from local memory and registers).
 
 The count is what the loads ask for, before any cache: every LOAD from a `DEFINE_GLOBAL` counts its bytes once per
 thread of the launch and per iteration of the loops around it. Loads behind a gate or inside an `IF` count as made
-(an upper bound, exact when nothing is masked)."""
+(an upper bound, exact when nothing is masked).
+
+`sector_use` measures coalescing the same way: the share of the 32-byte sectors a warp's loads and stores touch
+that they use (a transpose whose lanes each read their own row uses an eighth of them)."""
 
 from __future__ import annotations
 
@@ -86,3 +89,79 @@ def _iterations(gate: UOp | None, loops: list[UOp], trips: list[int]) -> int | f
         for values in itertools.product(*(range(t) for _, t in used))
     )
     return holds * everything / math.prod(t for _, t in used)
+
+
+# *** coalescing ***
+
+SECTOR_BYTES = 32  # what a GPU's memory moves per access: a warp's load or store costs the sectors its lanes touch
+WARP = 32
+
+
+def _thread_values(global_size: Sequence[int], local_size: Sequence[int], lane: int) -> dict[str, int]:
+    """The launch indices of thread `lane` of the first warp of the middle workgroup (clear of the edges a view pads
+    at, which the first could lie on): `lidx0` counts fastest, CUDA's threadIdx.x."""
+    out, rest = {f"gidx{d}": size // 2 for d, size in enumerate(global_size)}, lane
+    for d, size in enumerate(local_size):
+        out[f"lidx{d}"], rest = rest % size, rest // size
+    return out
+
+
+def _access(u: UOp) -> tuple[UOp, UOp | None, int, int] | None:
+    """(element index, gate, bytes per lane, bytes per element) of a global read or write, None for anything else."""
+    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+        index, gate, size = u.src[0], _gate(u), u.dtype.itemsize
+    elif u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+        index, size = u.src[0], u.src[1].dtype.itemsize
+        gate = index.src[2] if len(index.src) == 3 else None
+    elif u.op is Ops.ASYNC_COPY and u.src[1].src[0].op is Ops.DEFINE_GLOBAL:
+        index = u.src[1]
+        gate, size = (index.src[2] if len(index.src) == 3 else None), int(u.arg) * index.src[0].dtype.base.itemsize
+    else:
+        return None
+    return index.src[1], gate, size, index.src[0].dtype.base.itemsize
+
+
+def sector_use(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Sequence[int]) -> float:
+    """The share of the bytes in the 32-byte sectors that one warp's global loads, stores and asynchronous copies
+    touch which they use: 1.0 when the warp reads and writes whole sectors (coalesced), 1/8 when each lane's 4 bytes
+    lie in a sector of their own. The warp is the first of the middle workgroup, in the first iteration of the loops
+    around each access, lanes whose gate fails touching nothing; its accesses of one buffer in one direction inside
+    the same loops count together, as many times as those loops run. Loads and stores at a small share move that
+    many times the bytes they use between the caches and memory. ValueError when a launch size is symbolic."""
+    if not all(isinstance(s, int) for s in (*global_size, *local_size)):
+        raise ValueError(f"launch sizes must be ints to place the warp, got {global_size} x {local_size}")
+    threads = min(WARP, math.prod(local_size))  # type: ignore[arg-type]
+    lanes = [_thread_values(global_size, local_size, lane) for lane in range(threads)]  # type: ignore[arg-type]
+    # per buffer, direction and loop nest, the bytes the warp's accesses use: the sectors one access leaves part of
+    # are the next one's (a thread's tile of a transpose), which the caches keep; each group counts as many times as
+    # its loops run (a matmul's copies once per step of its reduction, its stores once)
+    groups: dict[tuple[UOp, bool, tuple[UOp, ...]], set[int]] = {}
+    trips: dict[tuple[UOp, ...], int] = {}
+    loops: list[UOp] = []
+    for u in uops:
+        if u.op is Ops.RANGE:
+            loops.append(u)
+        elif u.op is Ops.END and loops:
+            loops.pop()
+        if (access := _access(u)) is None:
+            continue
+        index, gate, size, itemsize = access
+        nest = tuple(loops)
+        trips[nest] = math.prod(int(r.src[0].arg) if r.src[0].op is Ops.CONST else 1 for r in nest)
+        leaves = {n for root in (index, gate) if root is not None for n in root.toposort if n.op in _LEAVES}
+        used = groups.setdefault((_buffer(u), u.op is Ops.STORE, nest), set())
+        for lane in lanes:
+            env = {n: (lane.get(str(n.arg[0]), 0) if n.op is Ops.SPECIAL else 0) for n in leaves}
+            if gate is not None and not sym_infer(gate, env):
+                continue
+            start = int(sym_infer(index, env)) * itemsize
+            used.update(range(start, start + size))
+    touched = sum(trips[k[2]] * SECTOR_BYTES * len({b // SECTOR_BYTES for b in used}) for k, used in groups.items())
+    return sum(trips[k[2]] * len(used) for k, used in groups.items()) / touched if touched else 1.0
+
+
+def _buffer(u: UOp) -> UOp:
+    return (u.src[1] if u.op is Ops.ASYNC_COPY else u.src[0]).src[0]
+
+
+_LEAVES = (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR)

@@ -361,14 +361,7 @@ def _fragment_layout(
     step = COPY_BYTES // 4
     best: tuple[tuple[bool, int, int, int], list[int], dict[int, int]] | None = None
     # the copy's order; the tensor-core axes last in each run of axes on one side of the reduction; last of all
-    runs: list[list[int]] = []
-    for a in copy:
-        if runs and (k.axis_types[a] in REDUCE_TYPES) == (k.axis_types[runs[-1][-1]] in REDUCE_TYPES):
-            runs[-1].append(a)
-        else:
-            runs.append([a])
-    last = [a for run in runs for a in sorted(run, key=lambda a: k.axis_types[a] in dims)]
-    candidates = (copy, last, sorted(copy, key=lambda a: k.axis_types[a] in dims))
+    candidates = (copy, _tensor_core_axes_last(k, copy), sorted(copy, key=lambda a: k.axis_types[a] in dims))
     for n, layout in enumerate(dict.fromkeys(tuple(c) for c in candidates)):
         inner, row = _row(k, list(layout), sizes)
         # rows the general rule pads (PAD_FROM_BYTES) keep some padding; shorter ones take it only where it pays

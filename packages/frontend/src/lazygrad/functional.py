@@ -100,13 +100,20 @@ def _conv_input_gradient(
     (a negative pad)."""
     if any(ss == 2 for ss in s) and all(ss == 1 or (ss == 2 and dd == 1) for ss, dd in zip(s, d)):
         return _conv_input_gradient_by_phase(g, weight, size, groups, s, d, pads)
-    k, out = weight.shape[2:], g.shape[2:]
+    edges = _input_gradient_edges(size, weight.shape[2:], s, d, g.shape[2:], pads)
+    x = g._spread(s).pad(((0, 0), (0, 0), *edges))
+    return x.conv2d(_transposed_kernel(weight, groups), groups=groups, dilation=d)
+
+
+def _input_gradient_edges(size, k, s: tuple[int, ...], d: tuple[int, ...], out, pads) -> list[tuple[int, int]]:
+    """The padding of the spread output gradient (`out` positions per dim) whose convolution with the transposed
+    kernel is the input's gradient (`size` positions): zeros where windows reach past the input, negative where the
+    forward's padding is cropped back off."""
     edges = []
     for n, kk, ss, dd, o, (before, _) in zip(size, k, s, d, out, pads):
         left = dd * (kk - 1) - before
         edges.append((left, n + dd * (kk - 1) - left - ((o - 1) * ss + 1)))
-    x = g._spread(s).pad(((0, 0), (0, 0), *edges))
-    return x.conv2d(_transposed_kernel(weight, groups), groups=groups, dilation=d)
+    return edges
 
 
 def _conv_input_gradient_by_phase(
@@ -149,7 +156,14 @@ def _conv_input_gradient_by_phase(
 
 
 def _conv_weight_gradient(
-    g: Tensor, x: Tensor, wshape: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+    g: Tensor,
+    x: Tensor,
+    wshape: tuple[int, ...],
+    groups: int,
+    s: tuple[int, ...],
+    d: tuple[int, ...],
+    pads,
+    channels_last: bool = False,
 ) -> Tensor:
     """The gradient of conv2d's weight (of shape `wshape`) from its output's, `g`: a sum over the batch and the
     output pixels of g times the input's windows. On a GPU that would get fewer tiles than it has compute units, the
@@ -173,10 +187,17 @@ def _conv_weight_gradient(
     # (parts, N, groups, C_out/groups, C_in/groups, rows of a part, *out[1:], *k), the product summed over N and pixels
     xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
     gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
-    order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
     acc = sum_dtype(g.dtype)
-    partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
-    return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
+    if not channels_last:
+        order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
+        partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
+        return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
+    # read channels-last: the parts stored with the input channels innermost too, (C_out, *k, C_in), so that their
+    # tensor-core tiles store whole sectors (C_in before the taps, each 4-byte lane sat 9 elements from the next)
+    order = (4, 0, 1, 2, *range(5 + nd, 5 + 2 * nd), 3, *range(5, 5 + nd))
+    partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5 + nd, 5 + 2 * nd)), dtype=acc)
+    dw = (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype)
+    return dw.reshape(wshape[0], *k, cin_g).permute(0, nd + 1, *range(1, nd + 1))
 
 
 def _conv_gradients(x: UOp, weight: UOp, groups: int, s: tuple[int, ...], d: tuple[int, ...], pads) -> GradientRule:
@@ -213,18 +234,19 @@ shifted columns, lost (21.8 against 35.4)."""
 
 
 IM2COL_WEIGHT_GRADIENT = ContextVar("IM2COL_WEIGHT_GRADIENT", -1)
-"""Whether the weight gradient of a convolution that doesn't run by `_conv_by_im2col` (any stride) is G^T @ the
-matrix of its input's windows, built in the backward, instead of the direct kernel. -1 (the default): on devices
-without workgroups (the CPU), where the direct kernel gathers each window lane by lane, for kernels of more than one
-tap; 0: never; 1: on those and on GPUs whose tensor cores take the dtype too.
+"""Whether the weight gradient of a convolution that runs by neither `_conv_by_im2col` nor `_conv_channels_last`
+(any stride) is G^T @ the matrix of its input's windows, built in the backward, instead of the direct kernel. -1
+and 1: on devices without workgroups (the CPU), where the direct kernel gathers each window lane by lane, for
+kernels of more than one tap, and on GPUs whose tensor cores take the dtype (ResNet's RGB stem, its 1x1 downsampling
+layers); 0: never.
 
 On the CPU (2-core Xeon, ResNet-18's convolutions at batch 8, 64x64, float32, the gradient's realize): the 7x7
 stride-2 stem 39.1 ms direct against 6.3 ms, the 3x3 layers 1.05-2.8x faster, a 1x1 slower (1.7 against 2.3 ms,
-so it stays direct). Not on GPUs by default until one measures it: the candidates are ResNet-18's stem (its direct
-weight gradient took 4.4 ms at 3.9 TFLOPS of the H200's 38 ms step) and its 64-channel 3x3 layers (0.82 ms at 18
-TFLOPS each, four per step; with the window matrix stored by the forward, the fp16 weight gradient ran at 35.4
-TFLOPS against 20.3). The matrix is transient: N x pixels x C_in x taps elements (the stem's: 472 MB in float32 at
-batch 64 and 224x224)."""
+so it stays direct). On GPUs, by the offline measures (sm_90, TF32, batch 64; `memory_traffic`): the stem's direct
+kernel loads 4.5 GB, a quarter of each 32-byte sector it reads used (it took 4.4 ms at 3.9 TFLOPS of the H200's
+38 ms step); by the window matrix its kernels move about 1.5 GB at 0.8-1.0 of their sectors. A 1x1 stride-2 layer's
+(128 to 256 channels at 28x28): 24 MB at 0.13 direct, 12 + 6 + 24 MB at 0.55-1.0 so. Not yet timed on a GPU. The
+matrix is transient: N x pixels x C_in x taps elements (the stem's: 472 MB in float32 at batch 64 and 224x224)."""
 
 
 def _windows_weight_gradient(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads) -> bool:
@@ -237,7 +259,7 @@ def _windows_weight_gradient(x: Tensor, weight: Tensor, groups: int, d: tuple[in
     r = renderer_of(x.device)
     if r is not None and not r.has_local:
         return math.prod(weight.shape[2:]) > 1
-    return mode == 1 and _matmul_units(x.device, x.dtype)
+    return _matmul_units(x.device, x.dtype)
 
 
 WINDOWS_FORWARD_CHANNELS = 4
@@ -246,7 +268,9 @@ WINDOWS_FORWARD_CHANNELS = 4
 weight (`_conv_by_im2col`, any stride; the input's gradient stays the direct kernel): the direct kernel's reduction
 over 3 channels x 49 taps gave its vectors little to do. ResNet-18's stem at batch 8 on the 2-core Xeon: 20.6 ms
 direct against 7.5 (64x64), 140 against 56 (224x224). With more channels the direct kernels were as fast or faster
-(3x3, 64 to 512 channels: 0.85-1.2x)."""
+(3x3, 64 to 512 channels: 0.85-1.2x). Not on GPUs: for ResNet-18's stem on sm_90 (TF32, batch 64) the forward and
+the weight gradient move about as many bytes (2.4 GB, `memory_traffic`) with the forward direct as with it over the
+matrix the weight gradient builds anyway; untimed either way."""
 
 
 def _windows_forward(x: Tensor, weight: Tensor, groups: int, d: tuple[int, ...], pads, dtype) -> bool:
@@ -355,14 +379,25 @@ def _channels_last_gradients(
     def rule(ctx: UOp, needed: Callable[[UOp], bool]) -> dict[UOp, UOp]:
         from lazygrad.tensor import Tensor
 
-        # the output's gradient transposed once: the input gradient's convolution pads it (a plain copy then, its
-        # layout already channels-last; the phases of a stride 2 read it in place), the weight gradient reads it
-        g, grads = _channels_last(Tensor(ctx)), {}
-        if needed(x):
-            grads[x] = _conv_input_gradient(g, Tensor(weight), shape_of(x)[2:], 1, s, d, pads).uop
+        g, grads, nd = Tensor(ctx), {}, len(s)
+        size, out = shape_of(x)[2:], g.shape[2:]
+        edges = _input_gradient_edges(size, shape_of(weight)[2:], s, d, out, pads)
+        if needed(x) and all(v == 1 for v in s) and all(e >= 0 for pair in edges for e in pair):
+            # stride 1: the output's gradient transposed and padded in one copy, which the input gradient's
+            # convolution reads as it is and the weight gradient inside its padding
+            gp = _channels_last(g.pad(((0, 0), (0, 0), *edges)))
+            with Context(CONV_CHANNELS_LAST=0):
+                grads[x] = gp.conv2d(_channels_last(_transposed_kernel(Tensor(weight), 1)), dilation=d).uop
+            g = gp.shrink(((0, gp.shape[0]), (0, gp.shape[1]), *((a, a + o) for (a, _), o in zip(edges, out))))
+        else:
+            # the input gradient as NCHW convolutions do (by phases at a stride of 2: their reshapes of its windows
+            # would store a channels-last copy again in NCHW), the weight gradient from a channels-last copy
+            if needed(x):
+                grads[x] = _conv_input_gradient(g, Tensor(weight), size, 1, s, d, pads).uop
+            g = _channels_last(g)
         if needed(weight):
-            none = ((0, 0),) * len(s)
-            grads[weight] = _conv_weight_gradient(g, xp, shape_of(weight), 1, s, d, none).uop
+            none = ((0, 0),) * nd
+            grads[weight] = _conv_weight_gradient(g, xp, shape_of(weight), 1, s, d, none, channels_last=True).uop
         return grads
 
     return rule
@@ -374,14 +409,20 @@ def _window_matrix(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], pads) -> T
     nd, (n, c) = len(k), x.shape[:2]
     cols = x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads)))._pool(k, s, (1,) * nd)  # (N, C, *out, *k)
     rows, width = n * math.prod(cols.shape[2 : 2 + nd]), c * math.prod(k)
-    return cols.permute(0, *range(2, 2 + nd), 1, *range(2 + nd, 2 + 2 * nd)).reshape(rows, width).contiguous()
+    cols = cols.permute(0, *range(2, 2 + nd), 1, *range(2 + nd, 2 + 2 * nd))
+    if math.prod(k) == 1:
+        # one tap: the pixel rows of a strided input, stored in their own shape (see `_pixel_rows`)
+        return cols.contiguous().reshape(rows, width)
+    return cols.reshape(rows, width).contiguous()
 
 
 def _pixel_rows(g: Tensor) -> Tensor:
     """The output's gradient (N, C_out, *out) stored as the matmuls over the window matrix read it: a row per output
     pixel (N x pixels), a column per channel."""
     nd, cout = g.ndim - 2, g.shape[1]
-    return g.permute(0, *range(2, 2 + nd), 1).reshape(math.prod(g.shape) // cout, cout).contiguous()
+    # stored channels-last in its own shape, then merged: a kernel storing the merged matrix would see one axis of N
+    # x pixels whose reads jump at each image's end, where its GPU heuristics see a transpose (of 4 dims)
+    return g.permute(0, *range(2, 2 + nd), 1).contiguous().reshape(math.prod(g.shape) // cout, cout)
 
 
 def _weight_gradient_of_cols(g: Tensor, cols: Tensor, wshape: tuple[int, ...]) -> Tensor:
@@ -583,7 +624,7 @@ class FunctionalMixin:
         # with the direct one
         gpu = _im2col_pays(self, weight, groups, s, d, pads, dtype)
         if gpu or _windows_forward(self, weight, groups, d, pads, dtype):
-            ret = _conv_by_im2col(self, weight, s, pads, col2im=gpu)
+            ret = _conv_by_im2col(self, weight, s, pads, col2im=gpu and not CONV_CHANNELS_LAST.value)
             return ret if bias is None else ret + bias.reshape(1, -1, *(1,) * nd)
         if _channels_last_pays(self, weight, groups, dtype):
             ret = _conv_channels_last(self, weight, s, d, pads)
