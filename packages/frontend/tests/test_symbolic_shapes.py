@@ -468,3 +468,21 @@ def test_jitted_result_of_symbolic_shape_takes_each_calls_size(compiles: list[ob
         np.testing.assert_allclose(out.numpy(), np.maximum(a_np[:k] * 2 + 1, 0), rtol=1e-6)
 
     _each_value_compiles_nothing_new(run, compiles)
+
+
+@pytest.mark.parametrize("emulated_gpu", [32], indirect=True)
+def test_symbolic_launches_on_an_emulated_gpu(emulated_gpu: str, compiles: list[object]) -> None:
+    """On a GPU a symbolic axis becomes a launch dimension of symbolic size, which the PYTHON device's program text
+    writes as decided by the launch: an elementwise op, a transpose (its tiles along both axes) and a row sum over
+    the first n rows, one kernel for every n."""
+    n = Variable("n", 1, 40)
+    a_np = _f32(40, 16)
+    a = Tensor(a_np, device=emulated_gpu).realize()
+
+    def run(k: int) -> None:
+        x = a.shrink(((0, n.bind(k)), None))
+        np.testing.assert_allclose((x * 2 + 1).numpy(), a_np[:k] * 2 + 1, rtol=1e-6)
+        np.testing.assert_array_equal((x.T + 1).contiguous().numpy(), a_np[:k].T + 1)
+        np.testing.assert_allclose(x.sum(axis=1).numpy(), a_np[:k].sum(1), rtol=1e-5, atol=1e-5)
+
+    _each_value_compiles_nothing_new(run, compiles)

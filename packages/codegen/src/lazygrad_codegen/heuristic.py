@@ -426,8 +426,8 @@ def _transpose_tiles(k: Kernel, g: _Globals, out_axis: int, in_axis: int) -> boo
         default=4,
     )
     sector = max(1, SECTOR_BYTES // item)  # steps of `in_axis` across a sector of an input row
-    b = g.axis(in_axis)
-    if b is None or not isinstance(size := k.full_shape[b], int):
+    a, b = g.axis(out_axis), g.axis(in_axis)
+    if a is None or b is None or not isinstance(k.full_shape[a], int) or not isinstance(size := k.full_shape[b], int):
         return False
     if size % sector and size > sector and not _try(k, Opt(OptOps.PADTO, _index_among(k, b, AxisType.GLOBAL), sector)):
         return False

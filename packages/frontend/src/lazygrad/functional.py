@@ -364,8 +364,7 @@ def _conv_channels_last(x: Tensor, weight: Tensor, s: tuple[int, ...], d: tuple[
     takes this path too), the weight's the direct weight gradient over it and the stored input."""
     nd = len(s)
     xp = _channels_last(x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads))))
-    with Context(CONV_CHANNELS_LAST=0):
-        ret = _conv_direct(xp, _channels_last(weight), 1, s, d, ((0, 0),) * nd, None)
+    ret = _conv_direct(xp, _channels_last(weight), 1, s, d, ((0, 0),) * nd, None)
     if not type(x).no_grad:
         set_gradient_rule(ret.uop, _channels_last_gradients(x.uop, weight.uop, xp, s, d, pads))
     return ret

@@ -517,7 +517,7 @@ class Interpreter:
             name, size = ins[i].arg
             kind, d = _SPECIAL_NAMES[name]
             launched = (gsize if kind == "gidx" else lsize)[d]
-            if launched != size:
+            if size is not None and launched != size:
                 raise ValueError(f"SPECIAL {name} has size {size} but the launch has {launched} along that axis")
         mems = {i: memory(ins[i].dtype.base, buf) for i, buf in zip(self.globals, bufs, strict=True)}
         n_threads = math.prod(lsize)

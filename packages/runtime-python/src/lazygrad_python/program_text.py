@@ -138,7 +138,11 @@ def render_program(uops: list[UOp]) -> str:
         if missing:
             raise ValueError(f"UOp {i} ({u.op}) has a source that is not in the linear program: {missing[0].op}")
         src = "(" + ",".join(str(index[s]) for s in u.src) + ("," if len(u.src) == 1 else "") + ")"
-        lines.append(f"{i:>4} {u.op.name:<14} {dtype_text(u.dtype):<16} {src:<12} {arg_text(u.arg)}")
+        arg = u.arg
+        if u.op is Ops.SPECIAL and not isinstance(arg[1], int):
+            # a launch dimension of symbolic size (a batch bound at run time): the launch decides it
+            arg = (arg[0], None)
+        lines.append(f"{i:>4} {u.op.name:<14} {dtype_text(u.dtype):<16} {src:<12} {arg_text(arg)}")
     return "\n".join(lines) + "\n"
 
 
