@@ -121,3 +121,16 @@ def test_passes_on_an_emulated_tensor_core_gpu_match_torch(cuda_like_gpu, dtype)
 def test_strided_and_odd_sizes_on_an_emulated_tensor_core_gpu_match_torch(cuda_like_gpu) -> None:
     # a stride-2 layer (its input gradient by phases), sizes that are no multiple of the tiles
     conv_passes_match_torch((3, 8, 9, 7), (5, 8, 3, 3), 1, stride=2, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
+
+
+def test_tf32_passes_on_an_emulated_tensor_core_gpu_match_torch(cuda_like_gpu) -> None:
+    # float32 on the TF32 core (TF32=1), its operands rounded to 10 mantissa bits
+    from lazygrad import engine
+
+    engine._runners.clear()
+    with Context(TF32=1):
+        x = Tensor.empty(2, 16, 8, 8, device="PYTHON")
+        assert _takes(x, Tensor.empty(16, 16, 3, 3, device="PYTHON"))
+        conv_passes_match_torch((2, 16, 8, 8), (16, 16, 3, 3), 1, tol=5e-3, device="PYTHON")
+    wmma = [r.spec for r in engine._runners.values() if Ops.WMMA in [u.op for u in r.spec.uops]]
+    assert wmma and all(_sixteen_byte_copies(sp) for sp in wmma)

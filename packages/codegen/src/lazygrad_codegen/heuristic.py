@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from lazygrad_codegen.bandwidth import ELEMENTWISE_THREADS, elementwise_workgroups
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
+from lazygrad_codegen.memory_traffic import SECTOR_BYTES
 from lazygrad_codegen.reductions import group_outer_rows, group_rows
 from lazygrad_codegen.tiling import staged_matmul
 from lazygrad_codegen.vectors import VECTOR_BYTES
@@ -409,7 +410,6 @@ def _group(k: Kernel) -> None:
 
 
 TRANSPOSE_THREADS = 256
-SECTOR_BYTES = 32
 
 
 def _transpose_tiles(k: Kernel, g: _Globals, out_axis: int, in_axis: int) -> bool:

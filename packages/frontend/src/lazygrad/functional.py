@@ -360,8 +360,9 @@ def _conv_direct(x: Tensor, weight: Tensor, groups: int, s: tuple[int, ...], d: 
 def _conv_channels_last(x: Tensor, weight: Tensor, s: tuple[int, ...], d: tuple[int, ...], pads) -> Tensor:
     """conv2d (one group) read through channels-last copies (see `CONV_CHANNELS_LAST`): the input padded, then
     stored channels-last, and the weight likewise, each read back as (N, C, *spatial) by the direct kernel. Its
-    backward, from a channels-last copy of the output's gradient: the input's gradient a convolution of it (which
-    takes this path too), the weight's the direct weight gradient over it and the stored input."""
+    backward (`_channels_last_gradients`): the weight's gradient the direct weight gradient over a channels-last copy
+    of the output's and the stored input; the input's, at stride 1, the direct convolution of that copy padded (one
+    copy for both), else as an NCHW convolution's."""
     nd = len(s)
     xp = _channels_last(x.pad(((0, 0), (0, 0), *(tuple(p) for p in pads))))
     ret = _conv_direct(xp, _channels_last(weight), 1, s, d, ((0, 0),) * nd, None)
@@ -418,10 +419,15 @@ def _window_matrix(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], pads) -> T
 def _pixel_rows(g: Tensor) -> Tensor:
     """The output's gradient (N, C_out, *out) stored as the matmuls over the window matrix read it: a row per output
     pixel (N x pixels), a column per channel."""
+    from lazygrad.split_reduce import renderer_of
+
     nd, cout = g.ndim - 2, g.shape[1]
-    # stored channels-last in its own shape, then merged: a kernel storing the merged matrix would see one axis of N
-    # x pixels whose reads jump at each image's end, where its GPU heuristics see a transpose (of 4 dims)
-    return g.permute(0, *range(2, 2 + nd), 1).contiguous().reshape(math.prod(g.shape) // cout, cout)
+    rows = g.permute(0, *range(2, 2 + nd), 1)
+    if (r := renderer_of(g.device)) is not None and r.has_local:
+        # on a GPU stored channels-last in its own shape, then merged: a kernel storing the merged matrix sees one
+        # axis of N x pixels whose reads jump at each image's end, where its heuristics see a transpose of 4 dims
+        return rows.contiguous().reshape(math.prod(g.shape) // cout, cout)
+    return rows.reshape(math.prod(g.shape) // cout, cout).contiguous()
 
 
 def _weight_gradient_of_cols(g: Tensor, cols: Tensor, wshape: tuple[int, ...]) -> Tensor:
@@ -619,8 +625,10 @@ class FunctionalMixin:
         if padding == "same" and any(v != 1 for v in s):
             raise InputError("padding='same' needs stride 1, as in torch")
         pads = _pads(padding, k, d)
-        # by the window matrix: on a tensor-core GPU with the input's gradient summed from the matrix's, on the CPU
-        # with the direct one
+        # by the window matrix: on a tensor-core GPU with the input's gradient summed from the matrix's (col2im), or,
+        # where convolutions read channels-last, a convolution of the output's gradient (by the window matrix again
+        # at 256+ channels), whose kernels coalesce where col2im's 9 shifted copies read a fifth of each sector; on
+        # the CPU with the direct one
         gpu = _im2col_pays(self, weight, groups, s, d, pads, dtype)
         if gpu or _windows_forward(self, weight, groups, d, pads, dtype):
             ret = _conv_by_im2col(self, weight, s, pads, col2im=gpu and not CONV_CHANNELS_LAST.value)
