@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
+
+from example_modules import example
 
 from lazygrad import Context, Tensor
 from lazygrad.nn.state import get_parameters, get_state_dict
@@ -24,15 +24,12 @@ from lazygrad_python import PythonRenderer
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-import resnet
-
 
 def step_kernels(batch: int, renderer: CUDARenderer) -> list:
     """The schedule items of one training step of ResNet-18 (parameters as empty buffers, nothing runs)."""
     device = Device["PYTHON"]
     device.use_renderer(PythonRenderer())
-    model = resnet.resnet18(num_classes=1000)
+    model = example("resnet").resnet18(num_classes=1000)
     for name, t in get_state_dict(model).items():
         *path, leaf = name.split(".")
         owner = model
