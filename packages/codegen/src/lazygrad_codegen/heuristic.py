@@ -210,22 +210,22 @@ def hand_coded_optimizations(k: Kernel) -> Kernel:
         # a transpose: an input contiguous along another output axis is read in vectors along that one too, and the
         # tile turned around in registers, instead of a load per element from as many rows (the CPU: a 1536x1024
         # float32 transpose in 0.9 ms instead of 4)
-        across = [
-            i for i in range(n_globals) if i != out_contig[-1] and any(_stride(st, i) == 1 for _, st in k.loads())
-        ]
-        if not r.has_local and width > 1 and across:
-            g.upcast(across[-1], [width, 8, 4])
-        # on a GPU, only an input read along both (a transpose, not a row's statistic broadcast along the output), in
-        # steps of 1 or 2 elements (every other pixel: a stride-2 window); its rows may be the pixels of several
-        # images merged into one axis, read in runs of a row's length
-        moved = [
-            i
-            for i in range(n_globals)
-            if i != out_contig[-1]
-            and any(_first_step(st, i) in (1, 2) and _stride(st, out_contig[-1]) != 0 for _, st in k.loads())
-        ]
-        if r.has_local and k.use_locals and moved and _transpose_tiles(k, g, out_contig[-1], moved[-1]):
-            return k
+        others = [i for i in range(n_globals) if i != out_contig[-1]]
+        if not r.has_local and width > 1:
+            across = [i for i in others if any(_stride(st, i) == 1 for _, st in k.loads())]
+            if across:
+                g.upcast(across[-1], [width, 8, 4])
+        elif r.has_local and k.use_locals:
+            # on a GPU, only an input read along both (a transpose, not a row's statistic broadcast along the
+            # output), in steps of 1 or 2 elements (every other pixel: a stride-2 window); its rows may be the pixels
+            # of several images merged into one axis, read in runs of a row's length
+            moved = [
+                i
+                for i in others
+                if any(_first_step(st, i) in (1, 2) and _stride(st, out_contig[-1]) != 0 for _, st in k.loads())
+            ]
+            if moved and _transpose_tiles(k, g, out_contig[-1], moved[-1]):
+                return k
     # short reductions become straight-line code (from the last axis, so earlier indices stay valid)
     for n in reversed(range(len(k.axes(AxisType.REDUCE)))):
         size = k.full_shape[k.axes(AxisType.REDUCE)[n]]

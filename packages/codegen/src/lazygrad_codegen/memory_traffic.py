@@ -30,13 +30,24 @@ def _gate(u: UOp) -> UOp | None:
     return u.src[1].src[2] if len(u.src[1].src) == 3 else None
 
 
+def _access(u: UOp) -> tuple[UOp, UOp | None, int, int] | None:
+    """(element index, gate, bytes per lane, bytes per element) of a global read or write, None for anything else."""
+    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+        index, gate, size = u.src[0], _gate(u), u.dtype.itemsize
+    elif u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+        index, size = u.src[0], u.src[1].dtype.itemsize
+        gate = index.src[2] if len(index.src) == 3 else None
+    elif u.op is Ops.ASYNC_COPY and u.src[1].src[0].op is Ops.DEFINE_GLOBAL:
+        index, gate, size = u.src[1], _gate(u), int(u.arg) * u.src[1].src[0].dtype.base.itemsize
+    else:
+        return None
+    return index.src[1], gate, size, index.src[0].dtype.base.itemsize
+
+
 def _reads(u: UOp) -> int:
     """Bytes one thread's execution of global read `u` asks for (0 when `u` does not read global memory)."""
-    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
-        return u.dtype.itemsize
-    if u.op is Ops.ASYNC_COPY and u.src[1].src[0].op is Ops.DEFINE_GLOBAL:
-        return int(u.arg) * u.src[1].src[0].dtype.base.itemsize
-    return 0
+    access = None if u.op is Ops.STORE else _access(u)
+    return 0 if access is None else access[2]
 
 
 def global_load_bytes(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Sequence[int]) -> int:
@@ -104,21 +115,6 @@ def _thread_values(global_size: Sequence[int], local_size: Sequence[int], lane: 
     for d, size in enumerate(local_size):
         out[f"lidx{d}"], rest = rest % size, rest // size
     return out
-
-
-def _access(u: UOp) -> tuple[UOp, UOp | None, int, int] | None:
-    """(element index, gate, bytes per lane, bytes per element) of a global read or write, None for anything else."""
-    if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
-        index, gate, size = u.src[0], _gate(u), u.dtype.itemsize
-    elif u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
-        index, size = u.src[0], u.src[1].dtype.itemsize
-        gate = index.src[2] if len(index.src) == 3 else None
-    elif u.op is Ops.ASYNC_COPY and u.src[1].src[0].op is Ops.DEFINE_GLOBAL:
-        index = u.src[1]
-        gate, size = (index.src[2] if len(index.src) == 3 else None), int(u.arg) * index.src[0].dtype.base.itemsize
-    else:
-        return None
-    return index.src[1], gate, size, index.src[0].dtype.base.itemsize
 
 
 def sector_use(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Sequence[int]) -> float:

@@ -146,8 +146,7 @@ def _lower_dims(st: ShapeTracker) -> tuple[list[tuple[int, int] | None], list[in
 def _valid_by_vectors(st: ShapeTracker, axis: int, v: int) -> bool:
     """Whether every run of `v` elements along `axis` that starts at a multiple of `v` is valid or masked as a
     whole, so that one gated vector copy moves it: `st`'s masks along `axis` (through a split, in the lower view's
-    dim that `axis` moves) fall on multiples of the run."""
-    st = st.simplify()
+    dim that `axis` moves) fall on multiples of the run. `st` is simplified (views merged where they compose)."""
     if len(st.views) == 1:
         mask = st.views[0].mask
         return mask is None or all(isinstance(b, int) and b % v == 0 for b in mask[axis])
@@ -193,9 +192,8 @@ def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
     strides = _int_strides(k, load)
     # one view with its masks where the stack merges as it is (windows over a stored input: the masks bound how far
     # the steps reach), else one without them (a padded view split into tiles)
-    free = st.simplify()
-    if len(free.views) != 1:
-        free = _unmasked(st)
+    merged = st.simplify()
+    free = merged if len(merged.views) == 1 else _unmasked(st)
     if strides is None or len(free.views) != 1 or strides[axis] != 1:
         return 1
     offset = free.views[0].offset
@@ -208,7 +206,7 @@ def _vector(k: Kernel, load: UOp, axis: int, size: int) -> int:
             and isinstance(offset, int)
             and offset % v == 0
             and all(s % v == 0 for a, s in enumerate(strides) if a != axis)
-            and _valid_by_vectors(st, axis, v)
+            and _valid_by_vectors(merged, axis, v)
         ):
             return v
         v //= 2
