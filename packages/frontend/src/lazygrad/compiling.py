@@ -157,8 +157,9 @@ def compile_kernels(jobs: Sequence[tuple[str, UOp]], parallel: bool = True) -> l
     alone)."""
     progress = progress_for(len(jobs))
     pending: list[tuple[ProgramSpec, Future[bytes] | bytes]] = []
-    workers = _worker_pool() if parallel and len(jobs) >= PROCESS_MIN_KERNELS else None
-    if parallel and len(jobs) >= PROCESS_MIN_KERNELS:
+    many = parallel and len(jobs) >= PROCESS_MIN_KERNELS
+    workers = _worker_pool() if many else None
+    if many:
         # the programs no cache holds, generated on every core first; the loop below then finds each in memory
         generate_programs([(ast, Device[device].renderer) for device, ast in jobs], _process_count())
     try:

@@ -188,15 +188,16 @@ def _conv_weight_gradient(
     xp = xp.reshape(bs, groups, 1, cin_g, parts, out[0] // parts, *out[1:], *k)
     gg = g.reshape(bs, groups, cout_g, 1, parts, out[0] // parts, *out[1:], *(1,) * nd)
     acc = sum_dtype(g.dtype)
-    if not channels_last:
-        order = (4, 0, 1, 2, 3, *range(5, 5 + 2 * nd))
-        partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5, 5 + nd)), dtype=acc)
-        return (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype).reshape(wshape)
-    # read channels-last: the parts stored with the input channels innermost too, (C_out, *k, C_in), so that their
-    # tensor-core tiles store whole sectors (C_in before the taps, each 4-byte lane sat 9 elements from the next)
-    order = (4, 0, 1, 2, *range(5 + nd, 5 + 2 * nd), 3, *range(5, 5 + nd))
-    partial = (gg.permute(*order) * xp.permute(*order)).sum((1, *range(5 + nd, 5 + 2 * nd)), dtype=acc)
+    pixel_axes, tap_axes = range(5, 5 + nd), range(5 + nd, 5 + 2 * nd)
+    # read channels-last, the parts are stored with the input channels innermost too, (C_out, *k, C_in), so that
+    # their tensor-core tiles store whole sectors (C_in before the taps, each 4-byte lane sat 9 elements from the next)
+    order = (4, 0, 1, 2, *((*tap_axes, 3, *pixel_axes) if channels_last else (3, *pixel_axes, *tap_axes)))
+    # the batch and the pixels, where the permute put them
+    summed = (1, *(range(5 + nd, 5 + 2 * nd) if channels_last else pixel_axes))
+    partial = (gg.permute(*order) * xp.permute(*order)).sum(summed, dtype=acc)
     dw = (partial.sum(0, dtype=acc) if parts > 1 else partial).cast(g.dtype)
+    if not channels_last:
+        return dw.reshape(wshape)
     return dw.reshape(wshape[0], *k, cin_g).permute(0, nd + 1, *range(1, nd + 1))
 
 
