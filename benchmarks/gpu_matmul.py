@@ -119,19 +119,19 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
         return {"forward": out, "input grad": dx, "weight grad": dw}
 
     flops = 2 * batch * c * size * size * c * 9 / 1e12
-    times = {
-        name: kernel_seconds(passes()[name], runs, f"conv {name}") for name in ("forward", "input grad", "weight grad")
-    }
-    # read in NCHW, the weight gradient's direct kernel, as before the window matrix's
-    # (lazygrad.functional.IM2COL_WEIGHT_GRADIENT)
-    direct = "weight grad, NCHW direct"
-    with Context(IM2COL_WEIGHT_GRADIENT=0, CONV_CHANNELS_LAST=0):
-        times[direct] = kernel_seconds(passes()["weight grad"], runs, f"conv {direct}")
-    # the three passes read in NCHW, as before the channels-last copies (lazygrad.functional.CONV_CHANNELS_LAST): the
-    # weight gradient over the window matrix
-    with Context(CONV_CHANNELS_LAST=0):
-        for name in ("forward", "input grad", "weight grad"):
-            times[f"{name}, NCHW"] = kernel_seconds(passes()[name], runs, f"conv {name}, NCHW")
+    names = ("forward", "input grad", "weight grad")
+    # (row, pass, settings): the defaults; the weight gradient's direct kernel read in NCHW, as before the window
+    # matrix's (lazygrad.functional.IM2COL_WEIGHT_GRADIENT); the three passes read in NCHW, as before the
+    # channels-last copies (lazygrad.functional.CONV_CHANNELS_LAST), the weight gradient over the window matrix
+    variants = [
+        *((name, name, {}) for name in names),
+        ("weight grad, NCHW direct", "weight grad", {"IM2COL_WEIGHT_GRADIENT": 0, "CONV_CHANNELS_LAST": 0}),
+        *((f"{name}, NCHW", name, {"CONV_CHANNELS_LAST": 0}) for name in names),
+    ]
+    times = {}
+    for row, name, settings in variants:
+        with Context(**settings):
+            times[row] = kernel_seconds(passes()[name], runs, f"conv {row}")
     refs: dict[str, float | None] = dict.fromkeys(times)
     if torch is not None:
         torch.backends.cudnn.benchmark = True
@@ -142,22 +142,14 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
             "input grad": lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tg, padding=1),
             "weight grad": lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tg, padding=1),
         }
-        for name, t in passes().items():
-            got = t.cast(dtypes.float32).numpy()
+        seconds = {name: torch_seconds(torch, fns[name], runs) for name in names}
+        # every row checked against cuDNN, and timed against its pass
+        for row, name, settings in variants:
+            with Context(**settings):
+                got = passes()[name].cast(dtypes.float32).numpy()
             want = fns[name]().float().cpu().numpy()
             np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
-            refs[name] = torch_seconds(torch, fns[name], runs)
-        with Context(IM2COL_WEIGHT_GRADIENT=0, CONV_CHANNELS_LAST=0):
-            got = passes()["weight grad"].cast(dtypes.float32).numpy()
-        want = fns["weight grad"]().float().cpu().numpy()
-        np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
-        refs[direct] = refs["weight grad"]
-        with Context(CONV_CHANNELS_LAST=0):
-            for name, t in passes().items():
-                want = fns[name]().float().cpu().numpy()
-                got = t.cast(dtypes.float32).numpy()
-                np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
-                refs[f"{name}, NCHW"] = refs[name]
+            refs[row] = seconds[name]
     return [
         (f"conv3x3 {name} {dtype.name} b{batch}", seconds, refs[name], flops, "TFLOPS", TARGETS["conv"])
         for name, seconds in times.items()
