@@ -239,6 +239,36 @@ def test_max_pool_matches_torch_on_random_windows(
     )
 
 
+def test_max_pool_after_batchnorm_backward_is_fused() -> None:
+    """ResNet's stem: BatchNorm, ReLU, a 3x3 stride-2 max-pool. The pool's gradient is a sum over the windows an
+    element is in; BatchNorm's backward sums it per channel and its input gradient reads it again. Both compute it
+    from the output's gradient and the stored window choice (the choice, stored after a reciprocal square root, reads
+    0 under the padding like any load), with no kernel per window offset."""
+    from lazygrad import nn
+    from lazygrad_uop.ops import Ops
+
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 3, 11, 10)).astype(np.float32)
+    g = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    old, Tensor.training = Tensor.training, True
+    try:
+        t = Tensor(x).requires_grad_()
+        bn = nn.BatchNorm2d(3)
+        out = bn(t).relu().max_pool2d(3, 2, padding=1)
+        grads = out.gradient(t, bn.weight, bn.bias, gradient=Tensor(g))
+        kernels = [si for si in Tensor.schedule(*grads) if si.ast.op is Ops.SINK]
+        values = [v.numpy() for v in grads]
+    finally:
+        Tensor.training = old
+    tx = torch.tensor(x, requires_grad=True)
+    tbn = torch.nn.BatchNorm2d(3)
+    F.max_pool2d(tbn(tx).relu(), 3, 2, 1).backward(torch.tensor(g))
+    for got, want in zip(values, (tx.grad, tbn.weight.grad, tbn.bias.grad)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    # 8 kernels; storing each window offset's share of the gradient, and their partial sums, made 21
+    assert len(kernels) <= 10, [si.ast.src[0].src[1].arg.shape for si in kernels]
+
+
 def test_max_pool_of_nan_inf_and_lowest() -> None:
     x = rand((1, 2, 6, 6), 22)
     x[0, 0, 1, 1], x[0, 0, 4, 2], x[0, 1, 0, 0] = np.nan, np.inf, -np.inf

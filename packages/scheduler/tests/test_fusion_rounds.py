@@ -35,8 +35,6 @@ def plain_choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, kz._G
             realized.add(u)
             if not kz._is_whole_leaf(u.src[1]):
                 realized.add(u.src[1])
-    nonzero = kz.NOT_ZERO_AT_ZERO
-    realized |= {u.src[0] for u in order if u.op is Ops.PAD and any(n.op in nonzero for n in kz._fused_nodes(u.src[0]))}
     realized |= {u.src[1] for u in realized if u.op is Ops.ASSIGN and kz._reads_target_elsewhere(u)}
     constant: set[UOp] = set()
     for u in order:

@@ -250,9 +250,11 @@ class Graph:
 def elementwise(draw: st.DrawFn, x: UOp, pool: list[UOp]) -> UOp:
     """A unary op on `x`, or a binary one with a constant or a node of the pool broadcast to x's shape."""
     shape = shape_of(x)
-    kind = draw(st.sampled_from(["neg", "relu", "affine", "add", "mul", "max", "sub", "where"]))
+    kind = draw(st.sampled_from(["neg", "relu", "affine", "add", "mul", "max", "sub", "where", "exp"]))
     if kind == "neg":
         return x.alu(Ops.NEG)
+    if kind == "exp":  # not 0 at 0: a pad over it can't move to the loads under it
+        return exp(scale(x, 0.25))
     if kind == "relu":
         return x.alu(Ops.MAX, const(0, shape))
     if kind == "affine":
@@ -476,6 +478,37 @@ def test_movement_over_a_realized_node_adds_no_kernel(kind: str) -> None:
     assert len(run([out], t.data).items) == 1
 
 
+def test_pad_over_a_value_that_changes_zero_is_gated() -> None:
+    """exp(0) is 1: the masks a pad puts on exp's loads would leave 1s where the pad puts 0s, so the kernel selects
+    the value inside the pad's bounds and 0 outside (no store of the value under the pad)."""
+    t = Inputs()
+    x, y = t(3, 4), t(5, 6)
+    under = scale(exp(scale(x, 0.5)), 2)
+    r = run([add(mv(under, Ops.PAD, ((1, 1), (1, 1))), y)], t.data)
+    assert under not in r.becomes
+    (kernel,) = r.items
+    gates = [u for u in kernel.ast.toposort if u.op is Ops.WHERE and u.src[0].op is Ops.CONST]
+    assert len(gates) == 1
+
+
+@pytest.mark.parametrize("op", ["recip", "reduction_under"])
+def test_pad_over_a_stored_value_is_not_gated(op: str) -> None:
+    """A value computed from stored nodes with ops that keep 0 at 0 is 0 wherever its loads read 0, whatever computed
+    the stored nodes (a max-pool's window choice stored after a BatchNorm's reciprocal square root; a reduction,
+    which a kernel never computes under a pad): the pad is only its loads' masks."""
+    t = Inputs()
+    x, y = t(3, 4), t(5, 6)
+    if op == "recip":
+        stored = UOp(Ops.CONTIGUOUS, F32, (add(mul(x, x), const(1, (3, 4))).alu(Ops.RECIP),))
+    else:
+        stored = broadcast_back(red(exp(scale(x, 0.5)), Ops.ADD, (1,)), (3, 4))
+    under = mul(scale(stored, 2), x)
+    r = run([add(mv(under, Ops.PAD, ((1, 1), (1, 1))), y)], t.data)
+    assert under not in r.becomes
+    assert len(r.items) == 2
+    assert not [u for si in r.items for u in si.ast.toposort if u.op is Ops.WHERE and u.src[0].op is Ops.CONST]
+
+
 def test_reduction_read_by_two_kernels_is_stored_once() -> None:
     t = Inputs()
     x, w, v = t(4, 5), t(4), t(3, 4)
@@ -625,6 +658,35 @@ def test_expensive_producer_broadcast_into_a_plain_reduction() -> None:
     assert len(r.items) == 2
     (stored,) = (u for u in r.becomes if u is not r.outputs[0])
     assert_computed_once_per_element(r, stored)
+
+
+def test_expensive_producer_read_through_a_pad_by_a_reduction_fuses() -> None:
+    """A reduction whose loop is longer than its producer only because of a pad (here a stride: every other element
+    a 0, as a max-pool's gradient places its windows) reads each element once: nothing to store."""
+    t = Inputs()
+    x = t(64, 64)
+    p = exp(exp(exp(scale(x, 0.1))))
+    spread = mv(mv(mv(p, Ops.RESHAPE, (64, 64, 1)), Ops.PAD, ((0, 0), (0, 0), (0, 1))), Ops.RESHAPE, (64, 128))
+    r = run([red(spread, Ops.ADD, (1,))], t.data)
+    assert p not in r.becomes
+    assert len(r.items) == 1
+
+
+def test_value_read_through_several_views_counts_each() -> None:
+    """A value computed from the four stride-2 phases of an input reads all of it, not a quarter: read by two
+    kernels, recomputing it in each costs more than storing it once."""
+    t = Inputs()
+    x, y = t(256, 256), t(128, 128)
+    cells = mv(x, Ops.RESHAPE, (128, 2, 128, 2))
+    phases = [
+        mv(mv(cells, Ops.SHRINK, ((0, 128), (a, a + 1), (0, 128), (b, b + 1))), Ops.RESHAPE, (128, 128))
+        for a in (0, 1)
+        for b in (0, 1)
+    ]
+    v = add(add(phases[0], phases[1]), add(phases[2], phases[3]))
+    r = run([red(v, Ops.ADD, (1,)), mul(v, y)], t.data)
+    assert v in r.becomes
+    assert len(r.items) == 3
 
 
 def test_softmax_weights_before_a_matmul_are_stored_once() -> None:

@@ -6,7 +6,8 @@ that read them, builds one kernel AST per group of realized nodes, and returns h
 
 - elementwise chains, and elementwise producers of a reduction, fuse into one kernel;
 - elementwise consumers of a reduction fuse as its epilogue while only reshapes stand between them;
-- movement ops become ShapeTrackers on the loads at the leaves, so they never copy;
+- movement ops become ShapeTrackers on the loads at the leaves, so they never copy; a pad over a value that is not 0
+  where its loads read 0 (an exp, a reciprocal) also selects that value inside the pad's bounds and 0 outside;
 - a reduction read by several kernels, nested inside another reduction, or broadcast back (softmax's max) is stored
   (with the shared value over it as epilogue, unless the kernels share several values over it);
 - an elementwise producer that a reduction reads through a broadcast (each element feeding many of its outputs, as
@@ -99,9 +100,10 @@ def _collect(
     g = _Group(root)
     if consulted is None:
         consulted = set()
-    # (node, only elementwise/reshape ops between it and the root, below a reduction)
-    stack: list[tuple[UOp, bool, bool]] = [(_root_value(root), True, False)]
-    seen: set[tuple[UOp, bool, bool]] = set()
+    # (node, only elementwise/reshape ops between it and the root, below a reduction, how many of the reduction's
+    # iterations read each of its elements: the EXPANDs between them)
+    stack: list[tuple[UOp, bool, bool, int]] = [(_root_value(root), True, False, 1)]
+    seen: set[tuple[UOp, bool, bool, int]] = set()
     # the walk runs for every group of every round: its set and list methods bound once
     members, leaves, pop, push, see, consult = g.members, g.leaves, stack.pop, stack.append, seen.add, consulted.add
     device = Ops.DEVICE
@@ -110,7 +112,7 @@ def _collect(
         if item in seen:
             continue
         see(item)
-        u, path_ok, in_reduce = item
+        u, path_ok, in_reduce, repeats = item
         consult(u)
         if is_leaf(u) or (u in realized and u is not root):
             leaves.add(u)
@@ -120,11 +122,7 @@ def _collect(
             continue
         # decided from the top down, so the largest such producer is stored, before the reductions under it are
         # found: stored on its own, it takes them as its epilogue instead of reading them back
-        if (
-            in_reduce
-            and g.reduce_sig is not None
-            and _recompute_costs_more(u, g.reduce_sig[0], realized, constant, consulted)
-        ):
+        if in_reduce and repeats > 1 and _recompute_costs_more(u, repeats, realized, constant, consulted):
             must_realize.add(u)
             leaves.add(u)
             continue
@@ -136,13 +134,15 @@ def _collect(
                 continue
             g.reduce_sig = sig
             members.add(u)
-            push((u.src[0], False, True))
+            push((u.src[0], False, True, 1))
             continue
         members.add(u)
         keeps = path_ok and op in _KEEPS_PATH
+        if in_reduce and op is Ops.EXPAND:
+            repeats *= max(1, max_numel(shape_of(u)) // max(1, max_numel(shape_of(u.src[0]))))
         for s in u.src:
             if s.op is not device:
-                push((s, keeps, in_reduce))
+                push((s, keeps, in_reduce, repeats))
     return g
 
 
@@ -181,28 +181,30 @@ def _alu_cost(u: UOp, realized: set[UOp], constant: set[UOp], limit: float, cons
     return total
 
 
-def _recompute_costs_more(
-    u: UOp, loop_shape: tuple[sint, ...], realized: set[UOp], constant: set[UOp], consulted: set[UOp]
-) -> bool:
-    """True when `u`, fused into a reduction that loops over `loop_shape`, costs more to recompute than to store.
+def _recompute_costs_more(u: UOp, repeats: int, realized: set[UOp], constant: set[UOp], consulted: set[UOp]) -> bool:
+    """True when `u`, fused into a reduction that reads each of its elements `repeats` times, costs more to recompute
+    than to store.
 
-    The loop computes `u` once per iteration, so a `u` with fewer elements than the loop (read through a broadcast: a
-    matmul's left operand is read once per output column) is computed `repeats` times per element. Fused, that is
+    The loop computes `u` once per iteration, so a `u` read through a broadcast (an EXPAND: a matmul's left operand is
+    read once per output column) is computed `repeats` times per element; a pad, a shrink or a stride in between
+    repeats nothing (a max-pool's gradient, summed by a BatchNorm's backward). Fused, that is
     `repeats - 1` extra computations of each element, each costing its ALU ops beyond the FREE_OPS that hide under the
     loop's loads; stored, it costs one write and one read of each element (later reads of a broadcast element hit the
     cache, as the loads of its inputs would when fused) and one more kernel launch. Store when the first is more."""
     if u.op not in GroupOp.Elementwise:
         return False
     numel = max_numel(shape_of(u))
-    if numel == 0 or (repeats := max_numel(loop_shape) / numel) <= 1:
+    if numel == 0 or repeats <= 1:
         return False
     store = numel * 2 * u.dtype.itemsize * OPS_PER_BYTE + LAUNCH_OPS
     needed = FREE_OPS + store / ((repeats - 1) * numel)  # ALU ops per element that make recomputing cost more
     return _alu_cost(u, realized, constant, needed, consulted) > needed
 
 
-# ops whose result on all-zero inputs is not zero (or is undefined, like 0 // 0)
-NOT_ZERO_AT_ZERO = frozenset({Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, Ops.THREEFRY})
+# ops whose result on all-zero inputs is not zero (or is undefined, like 0 // 0); a variable is not 0 outside a pad
+NOT_ZERO_AT_ZERO = frozenset(
+    {Ops.EXP2, Ops.LOG2, Ops.RECIP, Ops.IDIV, Ops.MOD, Ops.THREEFRY, Ops.REDUCE_AXIS, Ops.BIND, Ops.DEFINE_VAR}
+)
 
 
 def _fused_nodes(u: UOp, stop: set[UOp] | frozenset[UOp] = frozenset()) -> Iterator[UOp]:
@@ -215,17 +217,6 @@ def _fused_nodes(u: UOp, stop: set[UOp] | frozenset[UOp] = frozenset()) -> Itera
         seen.add(n)
         yield n
         stack.extend(n.src)
-
-
-def _zero_changing(order: list[UOp]) -> set[UOp]:
-    """The nodes of `order` (sources first) that, computed from inputs that read 0, may not be 0: a PAD over one
-    can't be pushed to its loads. One pass: a node changes zero when it, or a node fused under it, is such an op."""
-    # constants are padded like loads (masked to 0), so where/compare/... of zeros stay 0; these don't
-    out: set[UOp] = set()
-    for u in order:
-        if not is_leaf(u) and (u.op in NOT_ZERO_AT_ZERO or not out.isdisjoint(u.src)):
-            out.add(u)
-    return out
 
 
 def _reads_target_elsewhere(assign: UOp) -> bool:
@@ -296,21 +287,24 @@ def _assigns_reading_target_elsewhere(assigns: list[UOp], order: list[UOp]) -> s
 
 
 def _bytes_read(node: UOp, group: _Group) -> int:
-    """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count, or at its own
+    """Bytes one kernel reads to recompute `node`: each distinct leaf under it, at `node`'s element count per distinct
+    view it is read through (a max-pool's nine window offsets of one input read all of it), or at its own count
     where that is fewer: a leaf broadcast into `node` (a row's mean, a channel's scale) is read from memory once and
     from the cache after."""
     numel = max_numel(shape_of(node))
-    total, stack, seen = 0, [node], set()
+    views: dict[UOp, set[UOp]] = {}  # leaf -> the views it is read through: each the top of a chain of movement ops
+    stack: list[tuple[UOp, UOp | None]] = [(node, None)]  # (node, the movement op its chain of them starts at)
+    seen: set[tuple[UOp, UOp | None]] = set()
     while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
+        u, view = item = stack.pop()
         if u in group.leaves or is_leaf(u):
-            total += min(numel, max_numel(shape_of(u))) * u.dtype.itemsize
-        elif u.op is not Ops.CONST:
-            stack.extend(s for s in u.src if s.op is not Ops.DEVICE)
-    return total
+            views.setdefault(u, set()).add(u if view is None else view)
+        elif item not in seen and u.op is not Ops.CONST:
+            seen.add(item)
+            moves = u.op in MOVEMENT
+            top = (u if view is None else view) if moves else None
+            stack.extend((s, top) for s in u.src if s.op is not Ops.DEVICE)
+    return sum(min(numel * len(v), max_numel(shape_of(leaf))) * leaf.dtype.itemsize for leaf, v in views.items())
 
 
 def output_root(o: UOp) -> UOp:
@@ -342,9 +336,6 @@ def choose_realized(outputs: list[UOp]) -> tuple[set[UOp], dict[UOp, _Group]]:
             # a copy moves whole buffers: its source must be stored, contiguous and complete
             if not _is_whole_leaf(u.src[1]):
                 realized.add(u.src[1])
-    # padding is pushed down to the loads, which read 0 outside: fine through ops that keep 0 at 0, but exp(0) is 1
-    zero_changing = _zero_changing(order)
-    realized |= {u.src[0] for u in order if u.op is Ops.PAD and u.src[0] in zero_changing}
     # an in-place update may only read its target at the element it writes; otherwise compute the value first
     assigns = [u for u in realized if u.op is Ops.ASSIGN]
     realized |= {a.src[1] for a in _assigns_reading_target_elsewhere(assigns, order)}
@@ -540,6 +531,7 @@ class _AstBuilder:
         self.slot_nodes: list[UOp] = []  # what each slot reads: a BUFFER, or the ASSIGN whose kernel writes it
         self.extra_deps: list[UOp] = []  # kernelized leaves of an output buffer: earlier writes to order after
         self.memo: dict[tuple, UOp] = {}
+        self.zero_memo: dict[UOp, bool] = {}
         self.reduce_out: tuple[int, ...] | None = None
         if group.reduce_sig is not None:
             full, axes = group.reduce_sig
@@ -586,6 +578,8 @@ class _AstBuilder:
             out = UOp(Ops.CONST, u.dtype, (UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce)),), u.arg)
         elif u.op in MOVEMENT:
             out = self.node(u.src[0], (*path, u), in_reduce)
+            if u.op is Ops.PAD and self._changes_zero(u.src[0]):
+                out = self._gate(out, u, path, in_reduce)
         elif u.op in PASSTHROUGH:
             out = self.node(u.src[0], path, in_reduce)
         elif u.op is Ops.COPY:  # a read in place of another device's buffer (see placement.py)
@@ -598,6 +592,33 @@ class _AstBuilder:
             raise NotImplementedError(f"{u.op} can't be part of a kernel yet")
         self.memo[key] = out
         return out
+
+    def _changes_zero(self, u: UOp) -> bool:
+        """Whether `u`, computed in this kernel from loads that read 0 (and constants, masked alike), may not be 0:
+        a PAD over it is then more than the masks its loads get."""
+        if (known := self.zero_memo.get(u)) is not None:
+            return known
+        if u in self.leaf_nodes or is_leaf(u) or u in self.group.leaves or u.op is Ops.CONST:
+            out = False
+        else:
+            out = u.op in NOT_ZERO_AT_ZERO or any(self._changes_zero(s) for s in u.src if s.op is not Ops.DEVICE)
+        self.zero_memo[u] = out
+        return out
+
+    def _gate(self, value: UOp, pad: UOp, path: tuple[UOp, ...], in_reduce: bool) -> UOp:
+        """`value`, read through `pad` and then `path`, selected where the pad's source lies and 0 in the padding: a
+        pad over exp(x) holds 0s where exp of its masked loads would give 1s."""
+        shape = shape_of(pad.src[0])
+        st = ShapeTracker.from_shape(())
+        if shape:
+            st = st.reshape((1,) * len(shape)).expand(shape)
+        view = UOp(Ops.VIEW, arg=self.to_kernel_space(apply_movement(st, [pad, *reversed(path)]), in_reduce))
+        inside = UOp(Ops.CONST, dtypes.bool, (view,), True)
+        return UOp(
+            Ops.WHERE,
+            value.dtype,
+            (inside, value, UOp(Ops.CONST, value.dtype, (view,), dtypes.as_const(0, value.dtype))),
+        )
 
 
 def _same_kernel(a: _Group, b: _Group) -> bool:
