@@ -672,12 +672,15 @@ def test_expensive_producer_read_through_a_pad_by_a_reduction_fuses() -> None:
     assert len(r.items) == 1
 
 
-def test_value_read_through_several_views_counts_each() -> None:
+@pytest.mark.parametrize("through", ["input", "elementwise"])
+def test_value_read_through_several_views_counts_each(through: str) -> None:
     """A value computed from the four stride-2 phases of an input reads all of it, not a quarter: read by two
-    kernels, recomputing it in each costs more than storing it once."""
+    kernels, recomputing it in each costs more than storing it once. Also when the phases are views of an
+    elementwise value of the input (a max-pool's windows over a BatchNorm's output): the loads read the input through
+    them all the same."""
     t = Inputs()
     x, y = t(256, 256), t(128, 128)
-    cells = mv(x, Ops.RESHAPE, (128, 2, 128, 2))
+    cells = mv(x if through == "input" else scale(x, 2, 1), Ops.RESHAPE, (128, 2, 128, 2))
     phases = [
         mv(mv(cells, Ops.SHRINK, ((0, 128), (a, a + 1), (0, 128), (b, b + 1))), Ops.RESHAPE, (128, 128))
         for a in (0, 1)

@@ -292,8 +292,11 @@ def _bytes_read(node: UOp, group: _Group) -> int:
     where that is fewer: a leaf broadcast into `node` (a row's mean, a channel's scale) is read from memory once and
     from the cache after."""
     numel = max_numel(shape_of(node))
-    views: dict[UOp, set[UOp]] = {}  # leaf -> the views it is read through: each the top of a chain of movement ops
-    stack: list[tuple[UOp, UOp | None]] = [(node, None)]  # (node, the movement op its chain of them starts at)
+    # leaf -> the views it is read through, each known by the first movement op on the way down from `node`: the
+    # loads push every movement op above them down to the leaves, through elementwise ops (a window offset of a
+    # BatchNorm's output reads the convolution's output through that offset)
+    views: dict[UOp, set[UOp]] = {}
+    stack: list[tuple[UOp, UOp | None]] = [(node, None)]  # (node, the first movement op above it)
     seen: set[tuple[UOp, UOp | None]] = set()
     while stack:
         u, view = item = stack.pop()
@@ -301,8 +304,7 @@ def _bytes_read(node: UOp, group: _Group) -> int:
             views.setdefault(u, set()).add(u if view is None else view)
         elif item not in seen and u.op is not Ops.CONST:
             seen.add(item)
-            moves = u.op in MOVEMENT
-            top = (u if view is None else view) if moves else None
+            top = u if view is None and u.op in MOVEMENT else view
             stack.extend((s, top) for s in u.src if s.op is not Ops.DEVICE)
     return sum(min(numel * len(v), max_numel(shape_of(leaf))) * leaf.dtype.itemsize for leaf, v in views.items())
 
