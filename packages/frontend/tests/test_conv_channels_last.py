@@ -123,6 +123,23 @@ def test_strided_and_odd_sizes_on_an_emulated_tensor_core_gpu_match_torch(cuda_l
     conv_passes_match_torch((3, 8, 9, 7), (5, 8, 3, 3), 1, stride=2, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
 
 
+@pytest.mark.parametrize("padding", [1, 0])
+def test_strided_input_gradient_reads_the_padded_channels_last_copy(cuda_like_gpu, padding) -> None:
+    """At a stride of 2 the output's gradient is padded and stored channels-last once: the input gradient by phases
+    reads its windows of windows as one view, and the weight gradient its interior, both staged in 16-byte
+    asynchronous copies along the channels (the phases' rearranged kernel is stored with its output channels last)."""
+    from lazygrad import engine
+
+    engine._runners.clear()
+    conv_passes_match_torch(
+        (2, 16, 10, 10), (24, 16, 3, 3), padding, stride=2, dtype=dtypes.float16, tol=2e-2, device="PYTHON"
+    )
+    wmma = [r.spec for r in engine._runners.values() if Ops.WMMA in [u.op for u in r.spec.uops]]
+    # the input gradient by phases: (N, C_in, rows, rows, phase, phase) summed over (C_out, tap, tap)
+    phases = [sp for sp in wmma if "_2_2_24_2_2" in sp.name]
+    assert phases and all(_sixteen_byte_copies(sp) for sp in wmma), [sp.name for sp in wmma]
+
+
 def test_tf32_passes_on_an_emulated_tensor_core_gpu_match_torch(cuda_like_gpu) -> None:
     # float32 on the TF32 core (TF32=1), its operands rounded to 10 mantissa bits
     from lazygrad import engine

@@ -98,7 +98,7 @@ def _conv_input_gradient(
     1) of g, spread out by the stride and padded, with the transposed kernel, so one reduction over output channels
     and kernel positions. Rows of the padded input past the last window get zeros (a pad), those of the padding none
     (a negative pad)."""
-    if any(ss == 2 for ss in s) and all(ss == 1 or (ss == 2 and dd == 1) for ss, dd in zip(s, d)):
+    if _by_phase(s, d):
         return _conv_input_gradient_by_phase(g, weight, size, groups, s, d, pads)
     edges = _input_gradient_edges(size, weight.shape[2:], s, d, g.shape[2:], pads)
     x = g._spread(s).pad(((0, 0), (0, 0), *edges))
@@ -117,7 +117,14 @@ def _input_gradient_edges(size, k, s: tuple[int, ...], d: tuple[int, ...], out, 
 
 
 def _conv_input_gradient_by_phase(
-    g: Tensor, weight: Tensor, size: tuple[int, ...], groups: int, s: tuple[int, ...], d: tuple[int, ...], pads
+    g: Tensor,
+    weight: Tensor,
+    size: tuple[int, ...],
+    groups: int,
+    s: tuple[int, ...],
+    d: tuple[int, ...],
+    pads,
+    padded: Tensor | None = None,
 ) -> Tensor:
     """`_conv_input_gradient` for strides of 2 (dilation 1 along them; any along dims of stride 1) without the zeros
     of the spread gradient, which would be 3/4 of a 2-d reduction's products: the input's positions 2i + p of phase
@@ -125,18 +132,19 @@ def _conv_input_gradient_by_phase(
     the padded kernel), from g at i + c_p - j for the j-th of them, where c_p = (p + padding) // 2 steps by 0 or 1
     from phase to phase. Both phases are outputs of one reduction, over output channels x ceil(K/2) taps per dim:
     g is read through windows of windows (taps, then phases), the kernel through a reshape that puts its taps in
-    (tap pair, phase) order."""
-    nd, k, out = len(s), weight.shape[2:], g.shape[2:]
+    (tap pair, phase) order.
+
+    `padded`: g already padded by `_phase_edges` (stored channels-last by `_channels_last_gradients`); the kernel's
+    rearranged taps are then stored with the output channels, the reduction's, innermost, so that both operands are
+    read 16 bytes at a time along it."""
+    nd, k = len(s), weight.shape[2:]
     cout, cin_g = weight.shape[:2]
-    taps = [-(-kk // ss) for kk, ss in zip(k, s)]
-    rows = [-(-n // ss) for n, ss in zip(size, s)]  # positions of each phase
-    steps = [1 if ss == 2 and before % 2 else 0 for ss, (before, _) in zip(s, pads)]  # c_1 - c_0
-    edges = []
-    for j, dd, r, a, o, ss, (before, _) in zip(taps, d, rows, steps, out, s, pads):
-        left = (j - 1) * dd - before // ss
-        edges.append((left, r + a + (j - 1) * dd - left - o))
+    taps, rows, steps = _phase_taps(k, s), _phase_rows(size, s), _phase_steps(s, pads)
     # (N, C_out, *taps, *rows, *phases): g at i + c_p - j, the j-th tap counted from the last
-    a = g.pad(((0, 0), (0, 0), *edges))._pool(tuple(taps), (1,) * nd, d)
+    stored_padded = padded is not None
+    if padded is None:
+        padded = g.pad(((0, 0), (0, 0), *_phase_edges(size, k, s, d, g.shape[2:], pads)))
+    a = padded._pool(tuple(taps), (1,) * nd, d)
     a = a.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))._pool(
         tuple(x + 1 for x in steps), (1,) * nd, (1,) * nd
     )
@@ -146,6 +154,9 @@ def _conv_input_gradient_by_phase(
     w = w.reshape(cout, cin_g, *(v for j, ss in zip(taps, s) for v in (j, ss)))
     w = w.flip(*(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i, x in enumerate(steps) if x))
     w = w.permute(0, 1, *(2 + 2 * i for i in range(nd)), *(3 + 2 * i for i in range(nd)))
+    if stored_padded:
+        last = (*range(1, w.ndim), 0)
+        w = w.permute(*last).contiguous().permute(w.ndim - 1, *range(w.ndim - 1))
     a = a.reshape(a.shape[0], groups, cout // groups, 1, *a.shape[2:])
     w = w.reshape(1, groups, cout // groups, cin_g, *taps, *(1,) * nd, *s)
     dx = (a * w).sum((2, *range(4, 4 + nd))).reshape(a.shape[0], groups * cin_g, *rows, *s)
@@ -153,6 +164,37 @@ def _conv_input_gradient_by_phase(
     dx = dx.permute(0, 1, *(v for i in range(nd) for v in (2 + i, 2 + nd + i)))
     dx = dx.reshape(*dx.shape[:2], *(r * ss for r, ss in zip(rows, s)))
     return dx.shrink(((0, dx.shape[0]), (0, dx.shape[1]), *((0, n) for n in size)))
+
+
+def _phase_taps(k, s: tuple[int, ...]) -> list[int]:
+    """The taps of each phase of `_conv_input_gradient_by_phase`, per dim."""
+    return [-(-kk // ss) for kk, ss in zip(k, s)]
+
+
+def _phase_rows(size, s: tuple[int, ...]) -> list[int]:
+    """The input positions of each phase, per dim."""
+    return [-(-n // ss) for n, ss in zip(size, s)]
+
+
+def _phase_steps(s: tuple[int, ...], pads) -> list[int]:
+    """c_1 - c_0 of `_conv_input_gradient_by_phase`, per dim: where phase 1's reads start after phase 0's."""
+    return [1 if ss == 2 and before % 2 else 0 for ss, (before, _) in zip(s, pads)]
+
+
+def _phase_edges(size, k, s: tuple[int, ...], d: tuple[int, ...], out, pads) -> list[tuple[int, int]]:
+    """The padding of the output's gradient that `_conv_input_gradient_by_phase` reads its windows from."""
+    edges = []
+    for j, dd, r, a, o, ss, (before, _) in zip(
+        _phase_taps(k, s), d, _phase_rows(size, s), _phase_steps(s, pads), out, s, pads
+    ):
+        left = (j - 1) * dd - before // ss
+        edges.append((left, r + a + (j - 1) * dd - left - o))
+    return edges
+
+
+def _by_phase(s: tuple[int, ...], d: tuple[int, ...]) -> bool:
+    """Whether `_conv_input_gradient` takes `_conv_input_gradient_by_phase` for these strides and dilations."""
+    return any(ss == 2 for ss in s) and all(ss == 1 or (ss == 2 and dd == 1) for ss, dd in zip(s, d))
 
 
 def _conv_weight_gradient(
@@ -383,16 +425,25 @@ def _channels_last_gradients(
         g, grads, nd = Tensor(ctx), {}, len(s)
         size, out = shape_of(x)[2:], g.shape[2:]
         edges = _input_gradient_edges(size, shape_of(weight)[2:], s, d, out, pads)
-        if needed(x) and all(v == 1 for v in s) and all(e >= 0 for pair in edges for e in pair):
+        phases = _by_phase(s, d)
+        if phases:
+            edges = _phase_edges(size, shape_of(weight)[2:], s, d, out, pads)
+        fits = all(e >= 0 for pair in edges for e in pair)  # the copy's padding holds the reads, cropping nothing
+        if needed(x) and all(v == 1 for v in s) and fits:
             # stride 1: the output's gradient transposed and padded in one copy, which the input gradient's
             # convolution reads as it is and the weight gradient inside its padding
             gp = _channels_last(g.pad(((0, 0), (0, 0), *edges)))
             with Context(CONV_CHANNELS_LAST=0):
                 grads[x] = gp.conv2d(_channels_last(_transposed_kernel(Tensor(weight), 1)), dilation=d).uop
             g = gp.shrink(((0, gp.shape[0]), (0, gp.shape[1]), *((a, a + o) for (a, _), o in zip(edges, out))))
+        elif needed(x) and phases and fits:
+            # a stride of 2: the output's gradient padded for the phases' windows and stored channels-last in one
+            # copy, which the input gradient by phases reads as it is and the weight gradient inside its padding
+            gp = _channels_last(g.pad(((0, 0), (0, 0), *edges)))
+            grads[x] = _conv_input_gradient_by_phase(g, Tensor(weight), size, 1, s, d, pads, padded=gp).uop
+            g = gp.shrink(((0, gp.shape[0]), (0, gp.shape[1]), *((a, a + o) for (a, _), o in zip(edges, out))))
         else:
-            # the input gradient as NCHW convolutions do (by phases at a stride of 2: their reshapes of its windows
-            # would store a channels-last copy again in NCHW), the weight gradient from a channels-last copy
+            # the input gradient as NCHW convolutions do, the weight gradient from a channels-last copy
             if needed(x):
                 grads[x] = _conv_input_gradient(g, Tensor(weight), size, 1, s, d, pads).uop
             g = _channels_last(g)
