@@ -148,10 +148,11 @@ def _convolution_gradients_fill_the_gpu(renderer: CUDARenderer, dtype: DType, co
     x, w = _t(64, 64, 56, 56, dtype=dtype).requires_grad_(), _t(cout, 64, 3, 3, dtype=dtype).requires_grad_()
     out = x.conv2d(w, padding=1, stride=stride)
     dx, dw = out.gradient(x, w, gradient=_t(*out.shape, dtype=dtype))
-    # the input gradient: one staged kernel, as many workgroups as the forward's (at stride 1 on tensor cores, after
-    # the channels-last copies of the output's gradient and the weight: `lazygrad.functional.CONV_CHANNELS_LAST`)
+    # the input gradient: one staged kernel, as many workgroups as the forward's (on tensor cores after the
+    # channels-last copies of the padded output's gradient and of the weight, at stride 2 its taps regrouped by phase:
+    # `lazygrad.functional.CONV_CHANNELS_LAST`)
     *copies, dx_item = dx.schedule()
-    assert len(copies) == (2 if on_tensor_cores and stride == 1 else 0)
+    assert len(copies) == (2 if on_tensor_cores else 0)
     dx_spec = get_program(dx_item.ast, renderer)
     assert _staged(dx_spec) and not _spills(dx_spec)
     # the weight gradient: a staged kernel of parts with a workgroup or more per multiprocessor (unsplit, its 64 x 576
