@@ -43,7 +43,7 @@ from lazygrad_uop.tensor_graph import (
     view_base,
 )
 from lazygrad_uop.uop import UOp, sint
-from lazygrad_uop.views import ShapeTracker
+from lazygrad_uop.views import ShapeTracker, View
 
 
 @dataclass(frozen=True)
@@ -573,6 +573,12 @@ class _AstBuilder:
             leaf = self.leaf_nodes.get(u, u)
             if (st := self.load_views.get((leaf, path))) is None:
                 st = self.load_views[leaf, path] = apply_movement(leaf_view(leaf), list(reversed(path)))
+            if in_reduce and len(st.views) > 1 and _permuted(st.views[0]):
+                # windows of windows over a buffer stored in another order (a strided convolution's input gradient
+                # by phases over a channels-last copy): the reduction's operand as few views as they merge into, one
+                # for staged copies. Only there: the CPU's window matrices, elementwise, ran slower from a merged
+                # view (7 -> 12 ms), and its NCHW phases were not measured faster
+                st = st.simplify()
             buf = base_buffer(leaf)
             out = UOp(Ops.LOAD, u.dtype, (self.slot(buf, leaf), UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce))))
         elif u.op is Ops.CONST:
@@ -621,6 +627,13 @@ class _AstBuilder:
             value.dtype,
             (inside, value, UOp(Ops.CONST, value.dtype, (view,), dtypes.as_const(0, value.dtype))),
         )
+
+
+def _permuted(view: View) -> bool:
+    """Whether `view` reads its buffer out of order: its strides (of the dims it moves along) not descending, as an
+    (N, C, H, W) view of a channels-last buffer."""
+    strides = [abs(st) for st, n in zip(view.strides, view.shape) if isinstance(st, int) and st != 0 and n != 1]
+    return strides != sorted(strides, reverse=True)
 
 
 def _same_kernel(a: _Group, b: _Group) -> bool:

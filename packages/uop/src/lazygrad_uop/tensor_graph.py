@@ -87,9 +87,7 @@ def _moved(st: ShapeTracker, ops: tuple[tuple[Ops, Any, Any], ...]) -> ShapeTrac
             st = st.flip(arg)
         else:
             raise AssertionError(f"{op} is not a movement op")
-    # a reshape the last view can't express stacks a view, and later ops may make the stack one view again (windows
-    # of windows over a stored input: a strided convolution's input gradient by phases)
-    return st.simplify() if len(st.views) > 1 else st
+    return st
 
 
 def is_view_of_leaf(u: UOp) -> bool:
