@@ -424,23 +424,19 @@ def _channels_last_gradients(
 
         g, grads, nd = Tensor(ctx), {}, len(s)
         size, out = shape_of(x)[2:], g.shape[2:]
-        edges = _input_gradient_edges(size, shape_of(weight)[2:], s, d, out, pads)
         phases = _by_phase(s, d)
-        if phases:
-            edges = _phase_edges(size, shape_of(weight)[2:], s, d, out, pads)
+        edges = (_phase_edges if phases else _input_gradient_edges)(size, shape_of(weight)[2:], s, d, out, pads)
         fits = all(e >= 0 for pair in edges for e in pair)  # the copy's padding holds the reads, cropping nothing
-        if needed(x) and all(v == 1 for v in s) and fits:
-            # stride 1: the output's gradient transposed and padded in one copy, which the input gradient's
-            # convolution reads as it is and the weight gradient inside its padding
+        if needed(x) and fits and (phases or all(v == 1 for v in s)):
+            # the output's gradient padded and stored channels-last in one copy, which the input gradient reads as it
+            # is (at stride 1 a convolution, at a stride of 2 by phases, their windows of windows) and the weight
+            # gradient inside its padding
             gp = _channels_last(g.pad(((0, 0), (0, 0), *edges)))
-            with Context(CONV_CHANNELS_LAST=0):
-                grads[x] = gp.conv2d(_channels_last(_transposed_kernel(Tensor(weight), 1)), dilation=d).uop
-            g = gp.shrink(((0, gp.shape[0]), (0, gp.shape[1]), *((a, a + o) for (a, _), o in zip(edges, out))))
-        elif needed(x) and phases and fits:
-            # a stride of 2: the output's gradient padded for the phases' windows and stored channels-last in one
-            # copy, which the input gradient by phases reads as it is and the weight gradient inside its padding
-            gp = _channels_last(g.pad(((0, 0), (0, 0), *edges)))
-            grads[x] = _conv_input_gradient_by_phase(g, Tensor(weight), size, 1, s, d, pads, padded=gp).uop
+            if phases:
+                grads[x] = _conv_input_gradient_by_phase(g, Tensor(weight), size, 1, s, d, pads, padded=gp).uop
+            else:
+                with Context(CONV_CHANNELS_LAST=0):
+                    grads[x] = gp.conv2d(_channels_last(_transposed_kernel(Tensor(weight), 1)), dilation=d).uop
             g = gp.shrink(((0, gp.shape[0]), (0, gp.shape[1]), *((a, a + o) for (a, _), o in zip(edges, out))))
         else:
             # the input gradient as NCHW convolutions do, the weight gradient from a channels-last copy

@@ -523,11 +523,11 @@ class _AstBuilder:
         roots: list[UOp],
         group: _Group,
         leaf_nodes: dict[UOp, UOp],
-        load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] | None = None,
+        load_views: dict[tuple[UOp, tuple[UOp, ...], bool], ShapeTracker] | None = None,
     ) -> None:
         self.roots, self.group, self.leaf_nodes = roots, group, leaf_nodes
-        # (leaf, movement path) -> the view its load reads through: shared by the kernels of one kernelize, which
-        # read the same tensors through the same views (forward, backward, update)
+        # (leaf, movement path, read inside a reduction) -> the view its load reads through: shared by the kernels of
+        # one kernelize, which read the same tensors through the same views (forward, backward, update)
         self.load_views = {} if load_views is None else load_views
         self.buffers: list[UOp] = []  # base BUFFER per slot
         self.slot_nodes: list[UOp] = []  # what each slot reads: a BUFFER, or the ASSIGN whose kernel writes it
@@ -571,14 +571,15 @@ class _AstBuilder:
             return self.memo[key]
         if u in self.leaf_nodes or is_leaf(u):
             leaf = self.leaf_nodes.get(u, u)
-            if (st := self.load_views.get((leaf, path))) is None:
-                st = self.load_views[leaf, path] = apply_movement(leaf_view(leaf), list(reversed(path)))
-            if in_reduce and len(st.views) > 1 and _permuted(st.views[0]):
-                # windows of windows over a buffer stored in another order (a strided convolution's input gradient
-                # by phases over a channels-last copy): the reduction's operand as few views as they merge into, one
-                # for staged copies. Only there: the CPU's window matrices, elementwise, ran slower from a merged
-                # view (7 -> 12 ms), and its NCHW phases were not measured faster
-                st = st.simplify()
+            if (st := self.load_views.get((leaf, path, in_reduce))) is None:
+                st = apply_movement(leaf_view(leaf), list(reversed(path)))
+                if in_reduce and len(st.views) > 1 and _permuted(st.views[0]):
+                    # windows of windows over a buffer stored in another order (a strided convolution's input
+                    # gradient by phases over a channels-last copy): the reduction's operand as few views as they
+                    # merge into, one for staged copies. Only there: the CPU's window matrices, elementwise, ran
+                    # slower from a merged view (7 -> 12 ms), and its NCHW phases were not measured faster
+                    st = st.simplify()
+                self.load_views[leaf, path, in_reduce] = st
             buf = base_buffer(leaf)
             out = UOp(Ops.LOAD, u.dtype, (self.slot(buf, leaf), UOp(Ops.VIEW, arg=self.to_kernel_space(st, in_reduce))))
         elif u.op is Ops.CONST:
@@ -683,7 +684,7 @@ def kernelize(outputs: list[UOp]) -> dict[UOp, UOp]:
 
     kernels = merge_row_values(kernels, groups, direct)
     becomes: dict[UOp, UOp] = {}
-    load_views: dict[tuple[UOp, tuple[UOp, ...]], ShapeTracker] = {}
+    load_views: dict[tuple[UOp, tuple[UOp, ...], bool], ShapeTracker] = {}
     for roots in _kernel_order(kernels, direct, pos):
         if _byte_copy(roots[0]):
             becomes[roots[0]] = _copy_kernel(roots[0], becomes)
