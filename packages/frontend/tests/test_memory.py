@@ -98,6 +98,24 @@ def test_jit_intermediates_share_memory() -> None:
     assert _peak_while(lambda: chain(Tensor(x_np).realize()).numpy()) <= 2 * ACT
 
 
+def test_jit_capture_needs_no_more_memory_than_a_plain_call() -> None:
+    """The capturing (second) call plans its intermediates as a plain call does: a model's first steps must fit
+    where its replays fit, and the replays still share memory the JIT's own way."""
+    chain = TinyJit(_chain)
+    x_np = np.random.default_rng(2).standard_normal(N).astype(np.float32)
+    peaks = []
+    for _ in range(4):
+        x = Tensor(x_np).realize()
+        peaks.append(_peak_while(lambda x=x: chain(x).numpy()))
+    plain, capture, *replays = peaks
+    assert plain <= 3 * ACT, f"plain call: {plain / ACT:.1f} activations"
+    assert capture <= plain, f"capture {capture / ACT:.1f} activations against {plain / ACT:.1f} for a plain call"
+    assert all(r <= 2 * ACT for r in replays), [r / ACT for r in replays]
+    np.testing.assert_allclose(chain(Tensor(x_np)).numpy(), _chain_ref(x_np), rtol=1e-5)
+    bases = {id(b.base if b.base is not None else b) for ei in chain.jit_cache for b in ei.bufs}
+    assert len(bases) <= 4, len(bases)
+
+
 def test_debug2_reports_peak_memory() -> None:
     script = "from lazygrad import Tensor\nx = Tensor.ones(1024).contiguous()\n((x + 1).contiguous() * 2).realize()\n"
     env = {**os.environ, "DEBUG": "2", "DEV": "CPU"}

@@ -275,16 +275,18 @@ def is_capturing() -> bool:
 
 def run_schedule(items: list[ScheduleItem], intermediates: Collection[Buffer] = ()) -> None:
     """Run every item in order, allocating buffers as they are first needed. The `intermediates` (buffers nothing
-    reads after the schedule, see `lazygrad_scheduler.memory`) share memory where their lifetimes don't overlap;
-    not while a JIT captures, which plans the memory of the whole captured function itself."""
-    plan = plan_memory([si.bufs for si in items], intermediates) if intermediates and _captured is None else None
+    reads after the schedule, see `lazygrad_scheduler.memory`) share memory where their lifetimes don't overlap,
+    also while a JIT captures: the capture records each kernel with its own buffers (the JIT plans the memory of the
+    whole captured function itself, from their lifetimes) while the run uses the shared ones, so that the capturing
+    call needs no more memory than a plain one."""
+    plan = plan_memory([si.bufs for si in items], intermediates) if intermediates else None
     compile_runners([(si.bufs[0].device, si.ast) for si in items if si.ast.op is not Ops.COPY])
     for si in items:
         if has_no_work(si):
             continue
         ei = lower_schedule_item(si, plan)
         if _captured is not None:
-            _captured.append(ei)
+            _captured.append(ExecItem(ei.runner, list(si.bufs), ei.var_vals) if plan else ei)
         ei.run()
 
 
