@@ -867,3 +867,46 @@ def test_executor_rejects_an_in_place_race() -> None:
     st4 = ShapeTracker.from_shape((4,))
     with pytest.raises(AssertionError, match="other iterations"):
         execute_kernel(_store_kernel(st4.flip((True,)), st4, 4), [buf, buf], memory)
+
+
+# *** the order of the kernels: memory held ***
+
+
+def _contiguous(x: UOp) -> UOp:
+    return UOp(Ops.CONTIGUOUS, F32, (x,))
+
+
+def _writer(items: list[ScheduleItem], buf) -> int:
+    return next(i for i, si in enumerate(items) if buf in si.outputs)
+
+
+def test_a_big_buffer_read_late_is_written_just_before_its_reader() -> None:
+    # `big` needs only the input, so it could run first; its only reader runs after a chain of kernels. Written first
+    # it would be held through the whole chain (what a backward pass does with a window matrix of its input).
+    t = Inputs()
+    x = t(4, 5)
+    big = _contiguous(mv(mv(x, Ops.RESHAPE, (1, 4, 5)), Ops.EXPAND, (64, 4, 5)))
+    y = x
+    for k in range(6):
+        y = _contiguous(scale(y, 0.5, float(k)))
+    out = add(mv(red(big, Ops.ADD, (0,)), Ops.RESHAPE, (4, 5)), y)
+    r = run([out], t.data)
+    big_buf = buffer_of(r.becomes[big].src[0].src[0])
+    reader = next(i for i, si in enumerate(r.items) if big_buf in si.bufs[len(si.outputs) :])
+    assert _writer(r.items, big_buf) == reader - 1, [len(si.bufs) for si in r.items]
+
+
+def test_a_kernel_that_frees_a_big_buffer_runs_as_soon_as_it_can() -> None:
+    # `big` is read by the first step of a chain and by `summary`; `summary` only needs `big`, so it can free it right
+    # after the chain's first step instead of at the end
+    t = Inputs()
+    x = t(4, 5)
+    big = _contiguous(mv(mv(x, Ops.RESHAPE, (1, 4, 5)), Ops.EXPAND, (64, 4, 5)))
+    y = _contiguous(mv(red(big, Ops.MAX, (0,)), Ops.RESHAPE, (4, 5)))
+    for k in range(6):
+        y = _contiguous(scale(y, 0.5, float(k)))
+    summary = red(big, Ops.ADD, (0, 1, 2))
+    r = run([y, summary], t.data)
+    big_buf = buffer_of(r.becomes[big].src[0].src[0])
+    readers = [i for i, si in enumerate(r.items) if big_buf in si.bufs[len(si.outputs) :]]
+    assert readers == [_writer(r.items, big_buf) + 1, _writer(r.items, big_buf) + 2], readers

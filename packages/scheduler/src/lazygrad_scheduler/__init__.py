@@ -6,7 +6,7 @@ from lazygrad_scheduler.kernelize import Kernel, kernelize
 from lazygrad_scheduler.memory import intermediate_buffers, plan_memory, planned_bytes
 from lazygrad_scheduler.schedule import ScheduleError, ScheduleItem, create_schedule
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "Kernel",

@@ -3,6 +3,7 @@ kernel after the kernels it reads and every in-place update after the reads of t
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from lazygrad_uop.device import Buffer
@@ -81,15 +82,65 @@ def _ancestors(k: UOp, deps: dict[UOp, set[UOp]]) -> set[UOp]:
 
 
 def _toposort(kernels: list[UOp], deps: dict[UOp, set[UOp]]) -> list[UOp]:
+    """Every kernel after its `deps`, in an order that keeps little memory held: of the kernels ready to run, the one
+    that frees the most bytes (buffers it is the last to read) less those it writes first, ties in `kernels`' order.
+    So a kernel whose inputs are ready early but whose output is read late (a window matrix that only the backward
+    pass reads) waits for its reader, and one that lets a big buffer go (a weight gradient, the last reader of a
+    saved activation) runs as soon as it can."""
+    index = {k: i for i, k in enumerate(kernels)}
+    outs = {k: set(_kernel_buffers(k)[: k.arg.n_outputs]) for k in kernels}
+    ins = {k: set(_kernel_buffers(k)[k.arg.n_outputs : k.arg.n_slots]) - outs[k] for k in kernels}
+    writers: dict[UOp, list[UOp]] = {}
+    for k in kernels:
+        for b in outs[k]:
+            writers.setdefault(b, []).append(k)
+    readers: dict[UOp, list[UOp]] = {}
+    for k in kernels:
+        for b in ins[k]:
+            if b in writers:  # a buffer this schedule writes: the last kernel to read it frees it
+                readers.setdefault(b, []).append(k)
+    unread = {b: len(rs) for b, rs in readers.items()}
+    nbytes = {b: buffer_of(b).nbytes for b in {*writers, *readers}}
+    allocated: set[UOp] = set()
+    waiting = {k: len(deps[k]) for k in kernels}
+    dependents: dict[UOp, list[UOp]] = {k: [] for k in kernels}
+    for k in kernels:
+        for d in deps[k]:
+            dependents[d].append(k)
+    heap: list[tuple[int, int, UOp]] = []
+    version: dict[UOp, int] = {}
+
+    def push(k: UOp) -> None:
+        freed = sum(nbytes[b] for b in ins[k] if unread.get(b) == 1)
+        new = sum(nbytes[b] for b in outs[k] if b not in allocated)
+        version[k] = version.get(k, 0) + 1
+        heapq.heappush(heap, (new - freed, index[k], version[k], k))
+
+    for k in kernels:
+        if waiting[k] == 0:
+            push(k)
     order: list[UOp] = []
     placed: set[UOp] = set()
-    remaining = list(kernels)
-    while remaining:
-        ready = [k for k in remaining if deps[k] <= placed]
-        if not ready:
-            raise ScheduleError("in-place updates depend on each other's old values in a cycle; realize one first")
-        for k in ready:
-            order.append(k)
-            placed.add(k)
-        remaining = [k for k in remaining if k not in placed]
+    while heap:
+        *_, ver, k = heapq.heappop(heap)
+        if k in placed or ver != version[k]:
+            continue  # placed, or pushed again since with a new gain
+        placed.add(k)
+        order.append(k)
+        allocated.update(outs[k])
+        changed = {w for b in outs[k] for w in writers[b]}
+        for b in ins[k]:
+            if b in unread:
+                unread[b] -= 1
+                if unread[b] == 1:
+                    changed.update(readers[b])
+        for d in dependents[k]:
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                changed.add(d)
+        for c in changed:
+            if c not in placed and waiting[c] == 0:
+                push(c)
+    if len(order) < len(kernels):
+        raise ScheduleError("in-place updates depend on each other's old values in a cycle; realize one first")
     return order
