@@ -165,3 +165,30 @@ def test_an_added_tensor_core_compiles_for_the_gpu_it_was_added_for() -> None:
     spec = get_program(kernel_ast.matmul(32, 32, 32, dtypes.bfloat16), renderer, [opt])
     assert "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32" in spec.src
     nvrtc_compile(spec.src, "sm_86", spec.name)
+
+
+def test_ptxas_usage_compiles_again_when_the_log_lacks_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NVRTC that now and then returns an empty log (seen on an H100 machine) costs a compile, not a failure;
+    one that never reports is an NVRTCError naming the program. No NVRTC needed: its output is faked."""
+    from lazygrad_cuda import compiler
+
+    report = (
+        "ptxas info    : Function properties for k\n"
+        "ptxas         .     0 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 93 registers, used 1 barriers\n"
+    )
+    logs = iter(["", report])
+    calls: list[tuple[str, str]] = []
+
+    def fake(src: str, arch: str, name: str = "kernel", options=()) -> compiler.NVRTCOutput:
+        assert "--ptxas-options=-v" in options
+        calls.append((arch, name))
+        return compiler.NVRTCOutput(b"", b"", next(logs))
+
+    monkeypatch.setattr(compiler, "nvrtc_compile", fake)
+    use = compiler.ptxas_usage("src", "sm_80", "k")
+    assert (use.registers, use.spill_stores, use.spill_loads, use.spills) == (93, 8, 12, 20)
+    assert calls == [("sm_80", "k")] * 2
+    monkeypatch.setattr(compiler, "nvrtc_compile", lambda *a, **k: compiler.NVRTCOutput(b"", b"", "no report"))
+    with pytest.raises(compiler.NVRTCError, match="no ptxas register report for k on sm_90"):
+        compiler.ptxas_usage("src", "sm_90", "k")
