@@ -383,15 +383,19 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         sys.exit("benchmarks/models.py compares with torch eager: pip install torch")
     torch.manual_seed(0)
-    rows = []
+    rows, skipped = [], []
     for name in args.models:
-        if on_gpu():
-            # lazygrad's float32 on TF32 tensor cores exactly where torch's is
-            tf32 = torch_tf32(name)
-            with Context(TF32=int(tf32)):
-                rows.append({**MODELS[name](args), "tf32": tf32})
-        else:
-            rows.append(MODELS[name](args))
+        try:
+            if on_gpu():
+                # lazygrad's float32 on TF32 tensor cores exactly where torch's is
+                tf32 = torch_tf32(name)
+                with Context(TF32=int(tf32)):
+                    rows.append({**MODELS[name](args), "tf32": tf32})
+            else:
+                rows.append(MODELS[name](args))
+        except ImportError as exc:  # a model whose weights or tokenizer package is missing; the others still run
+            skipped.append(f"{name} skipped: {exc}")
+            print(skipped[-1], file=sys.stderr, flush=True)
     where = f"{Device.DEFAULT}, torch on {torch_device()}"
     if torch_device() == "cuda":
         where += f" ({torch.cuda.get_device_name()})"
@@ -412,6 +416,8 @@ def main(argv: list[str] | None = None) -> None:
             f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}; lazygrad TF32="
             + ", ".join(f"{int(r['tf32'])} ({r['model'].split(',')[0]})" for r in rows)
         )
+    for line in skipped:
+        print(line)
     for r in rows:
         if "hf" in r:
             hf = r["hf"]
