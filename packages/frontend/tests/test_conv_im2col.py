@@ -103,6 +103,23 @@ def test_the_forward_stores_the_window_matrix_once(forced) -> None:
     assert items[1].bufs[0].size == items[2].bufs[0].size == 2 * 6 * 7 * 8
 
 
+def test_the_input_gradient_reads_its_kernel_stored_as_the_product_does(forced) -> None:
+    """Without col2im (convolutions read channels-last, the default) the input's gradient is a convolution of the
+    output's with the transposed, flipped kernel, again by the window matrix: that kernel is stored (C_in, C_out x
+    taps) first, so the product reads rows of it in order (16-byte copies on a GPU) rather than through the flip; the
+    values as torch's."""
+    rng = np.random.default_rng(3)
+    x_np, w_np = rng.standard_normal((2, 5, 6, 7)), rng.standard_normal((8, 5, 3, 3))
+    g_np = rng.standard_normal((2, 8, 6, 7))
+    x, w = Tensor(x_np.astype(np.float32)).requires_grad_(), Tensor(w_np.astype(np.float32))
+    (dx,) = x.conv2d(w, padding=1).gradient(x, gradient=Tensor(g_np.astype(np.float32)))
+    stored = [si for si in dx.schedule() if si.bufs[0].size == w_np.size]
+    assert len(stored) == 1, [si.bufs[0].size for si in dx.schedule()]
+    tx = torch.tensor(x_np, requires_grad=True)
+    F.conv2d(tx, torch.tensor(w_np), padding=1).backward(torch.tensor(g_np))
+    np.testing.assert_allclose(dx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 # *** which convolutions take it ***
 
 

@@ -335,3 +335,21 @@ def test_default_takes_the_deepest_pipeline_that_fits_the_shared_memory(monkeypa
         spec = get_program(matmul(4096, 4096, 4096, dtypes.float16), renderer)
         assert spec.opts[-1].op is OptOps.STAGE and (spec.opts[-1].arg or 2) == stages, (limit_kb, spec.opts)
         assert stages == max(n for n in (2, 3, 4) if n * stage <= renderer.shared_max)
+
+
+def test_a_stem_weight_gradient_is_split_past_its_batch(cuda_graphs) -> None:
+    """ResNet's stem (3 -> 64 channels, 7x7, stride 2) at batch 16: its weight gradient over the window matrix is one
+    tile unsplit (64 x 147 outputs); its parts are runs of the matrix's rows, not whole images, so there are enough
+    of them for a workgroup per multiprocessor (cut by image it got 16, and at batch 64 on an H100, 64 of 132)."""
+    renderer = cuda_graphs
+    x, w = _t(16, 3, 112, 112, dtype=dtypes.float16).requires_grad_(), _t(64, 3, 7, 7, dtype=dtypes.float16)
+    w.requires_grad_()
+    out = x.conv2d(w, padding=3, stride=2)
+    (dw,) = out.gradient(w, gradient=_t(*out.shape, dtype=dtypes.float16))
+    items = [si for si in dw.schedule() if si.ast.op is Ops.SINK]
+    sums = [si for si in items if any(u.op is Ops.REDUCE_AXIS for u in si.ast.toposort)]
+    partial = next(si for si in sums if si.bufs[0].size % (64 * 147) == 0 and si.bufs[0].size > 64 * 147)
+    parts = partial.bufs[0].size // (64 * 147)
+    assert 16 < parts and (16 * 56 * 56) % parts == 0, parts
+    spec = get_program(partial.ast, renderer)
+    assert math.prod(spec.global_size) >= renderer.compute_units and _staged(spec), (spec.global_size, spec.opts)

@@ -311,7 +311,7 @@ SPLIT_K_MIN = 256
 staged tile's pipeline to pay for the workgroup's start and for storing its partial tile. At 1024, ResNet-18's
 1x1 downsampling weight gradients (a reduction of 64 x 7 x 7 at 512x256 outputs) stayed whole: 8 workgroups on an
 H200's 132 multiprocessors, 0.67 ms at 1.2 TFLOPS."""
-SPLIT_K_MAX = 64
+SPLIT_K_MAX = 256
 """At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
 
 
