@@ -90,6 +90,8 @@ def test_sub_buffers_must_be_aligned_as_the_device_says(dev: CLDevice) -> None:
     if align > 1:
         with pytest.raises(ValueError, match=f"multiple of {align} bytes"):
             dev.allocator._offset(base, 1, 1)
+    # what the memory planner places its views by
+    assert dev.allocator.offset_alignment == align
 
 
 # *** numerics through the frontend, against numpy and Python ints ***

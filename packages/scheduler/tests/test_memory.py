@@ -25,6 +25,7 @@ def _views_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan as for a device with sub-buffers without opening one (this package runs no kernels); the test of devices
     without them patches this again."""
     monkeypatch.setattr(memory, "_supports_views", lambda device: True)
+    monkeypatch.setattr(memory, "_alignment", lambda device: memory.ALIGN)
 
 
 def _bufs(*sizes: int, dtype=F32) -> list[Buffer]:
@@ -83,6 +84,15 @@ def test_overlapping_lifetimes_never_share(seed: int) -> None:
     # never less than the most bytes alive at once (a bound no plan can beat), never more than no sharing at all
     peak = _live_peak({b: life[b] for b in candidates}, steps)
     assert peak - memory.ALIGN < planned_bytes(plan) <= sum(_aligned(b.nbytes) for b in candidates)
+
+
+def test_offsets_follow_a_device_that_needs_more_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an OpenCL device whose sub-buffers start at multiples of 1024 bytes (its allocator's `offset_alignment`)
+    monkeypatch.setattr(memory, "_alignment", lambda device: 1024)
+    a, b, c, other = _bufs(100, 300, 70, 10)
+    plan = plan_memory([(a, other), (b, a), (c, b), (other, c)], {a, b, c})
+    assert all(v.offset % 1024 == 0 for v in plan.values()) and len({plan[a].offset, plan[b].offset}) == 2
+    assert planned_bytes(plan) == 2048 + 1024  # b rounded up to 2048, a then c beside it
 
 
 def test_a_larger_user_takes_the_smaller_ones_memory() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__, __getattr__ = lazy_exports(
     __name__,

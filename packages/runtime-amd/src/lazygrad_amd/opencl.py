@@ -76,8 +76,13 @@ class CLAllocator(LRUAllocator):
             raise ValueError(f"copyout of {dest.nbytes} bytes from an OpenCL buffer of {src.size} bytes")
         cl.enqueue_copy(self.device.queue, dest, src, is_blocking=True)
 
+    @property
+    def offset_alignment(self) -> int:  # type: ignore[override]
+        """A sub-buffer's offset must be a multiple of the device's base address alignment (bits, in bytes)."""
+        return max(1, self.device.cl_device.mem_base_addr_align // 8)
+
     def _offset(self, handle: cl.Buffer, size: int, offset: int) -> cl.Buffer:
-        align = self.device.cl_device.mem_base_addr_align // 8
+        align = self.offset_alignment
         if offset % align:
             raise ValueError(
                 f"an OpenCL sub-buffer must start at a multiple of {align} bytes on {describe(self.device.cl_device)}"

@@ -15,6 +15,7 @@ new buffers of a kernelize that no live graph reads afterwards); the JIT finds t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from lazygrad_uop.device import Allocator, Buffer, BufferSpec
@@ -24,13 +25,21 @@ from lazygrad_uop.tensor_graph import base_buffer, buffer_of, is_kernelized
 from lazygrad_uop.uop import UOp
 
 ALIGN = 256
-"""Byte alignment of every planned intermediate's offset (what vector loads and asynchronous copies need, and more)."""
+"""Byte alignment of every planned intermediate's offset (what vector loads and asynchronous copies need, and more),
+or the device allocator's `offset_alignment` where that is larger (an OpenCL device's base address alignment)."""
 
 
 def _supports_views(device: str) -> bool:
     from lazygrad_uop.registry import Device  # opens the device on first use
 
     return type(Device[device].allocator)._offset is not Allocator._offset
+
+
+def _alignment(device: str) -> int:
+    """The alignment of the planned views' offsets on `device` (see `ALIGN`)."""
+    from lazygrad_uop.registry import Device
+
+    return math.lcm(ALIGN, int(getattr(Device[device].allocator, "offset_alignment", 1)))
 
 
 def plan_memory(uses: Sequence[Iterable[Buffer]], candidates: Collection[Buffer]) -> dict[Buffer, Buffer]:
@@ -59,10 +68,11 @@ def plan_memory(uses: Sequence[Iterable[Buffer]], candidates: Collection[Buffer]
 
 def _packed(bufs: list[Buffer], first: dict[Buffer, int], last: dict[Buffer, int]) -> dict[Buffer, Buffer]:
     """Views of one block for `bufs` (one device), at offsets where no two that are alive at once overlap."""
+    align = _alignment(bufs[0].device)
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first use, last use)
     offsets: dict[Buffer, int] = {}
     for b in sorted(bufs, key=lambda b: (-b.nbytes, first[b])):
-        size = -(-b.nbytes // ALIGN) * ALIGN
+        size = -(-b.nbytes // align) * align
         offset = 0
         for lo, hi in sorted((lo, hi) for lo, hi, f, t in placed if f <= last[b] and first[b] <= t):
             if offset + size <= lo:

@@ -43,6 +43,10 @@ class Allocator(abc.ABC):
     A handle is whatever the backend uses to name an allocation (a pointer, a driver object, a bytearray).
     """
 
+    offset_alignment: int = 1
+    """The bytes a sub-buffer's offset (`_offset`) must be a multiple of (OpenCL: the device's base address
+    alignment); the memory planner places views at multiples of it."""
+
     def alloc(self, size: int, options: BufferSpec | None = None) -> Any:
         """Allocate `size` bytes and return the backend's handle for them."""
         return self._alloc(_check_size(size), options if options is not None else BufferSpec())
