@@ -135,3 +135,26 @@ def test_permuted_and_padded_copies_match_numpy_on_an_emulated_gpu(shape, data, 
     assert not any(u.op is Ops.DEFINE_LOCAL for u in spec.uops)
     out, _ = run_python(ast, GPU, list(spec.opts), {1: x})
     np.testing.assert_array_equal(out[0].reshape(out_shape), want)
+
+
+def test_a_lookup_gated_by_loaded_indices_leaves_those_reads_out() -> None:
+    # an embedding lookup (nn.Embedding: a selection codegen lowers to one read of the table, gated by the loaded id):
+    # where that read falls is data, so only the ids' loads and the stores are measured (both coalesced), and the gate
+    # read from memory raises nothing
+    from lazygrad import Tensor
+    from lazygrad.nn import Embedding
+    from lazygrad_uop.registry import Device
+
+    dev = Device["PYTHON"]
+    before = dev.renderer
+    dev.use_renderer(GPU)
+    try:
+        emb = Embedding(1000, 64)
+        emb.weight = Tensor.empty(1000, 64, device="PYTHON")
+        (item,) = emb(Tensor.empty(4, 64, dtype=dtypes.int32, device="PYTHON")).schedule()
+        spec = get_program(item.ast, GPU)
+    finally:
+        dev.use_renderer(before)
+    gated = [u for u in spec.uops if u.op is Ops.LOAD and len(u.src[0].src) == 3]
+    assert any(n.op is Ops.LOAD for u in gated for n in u.src[0].src[2].toposort), "no read gated by a loaded id"
+    assert sector_use(spec.uops, spec.global_size, spec.local_size) == 1.0

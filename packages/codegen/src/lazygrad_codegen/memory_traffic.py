@@ -123,7 +123,8 @@ def sector_use(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Seq
     lie in a sector of their own. The warp is the first of the middle workgroup, in the first iteration of the loops
     around each access, lanes whose gate fails touching nothing; its accesses of one buffer in one direction inside
     the same loops count together, as many times as those loops run. Loads and stores at a small share move that
-    many times the bytes they use between the caches and memory. ValueError when a launch size is symbolic."""
+    many times the bytes they use between the caches and memory. An access whose address or gate depends on a
+    loaded value (an embedding's gather) is left out. ValueError when a launch size is symbolic."""
     if not all(isinstance(s, int) for s in (*global_size, *local_size)):
         raise ValueError(f"launch sizes must be ints to place the warp, got {global_size} x {local_size}")
     threads = min(WARP, math.prod(local_size))  # type: ignore[arg-type]
@@ -142,6 +143,8 @@ def sector_use(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Seq
         if (access := _access(u)) is None:
             continue
         index, gate, size, itemsize = access
+        if any(n.op is Ops.LOAD for root in (index, gate) if root is not None for n in root.toposort):
+            continue  # an address or gate read from memory (a gather by index): where it falls is data, not code
         nest = tuple(loops)
         trips[nest] = math.prod(int(r.src[0].arg) if r.src[0].op is Ops.CONST else 1 for r in nest)
         leaves = {n for root in (index, gate) if root is not None for n in root.toposort if n.op in _LEAVES}
