@@ -312,7 +312,10 @@ staged tile's pipeline to pay for the workgroup's start and for storing its part
 1x1 downsampling weight gradients (a reduction of 64 x 7 x 7 at 512x256 outputs) stayed whole: 8 workgroups on an
 H200's 132 multiprocessors, 0.67 ms at 1.2 TFLOPS."""
 SPLIT_K_MAX = 256
-"""At most this many parts: their sum (a second, short kernel) reads `parts` values per output."""
+"""At most this many parts: their sum (a second, short kernel) reads `parts` values per output. Only a reduction
+whose unsplit kernel has one or two workgroups asks for more than 64 (a workgroup per multiprocessor), so the parts
+hold at most 256 x two tiles of values. At 64, ResNet-18's stem weight gradient on an H100 (TF32, batch 64, 64 x 147
+outputs, one tile) took 1.38 ms in 64 workgroups for 132 multiprocessors."""
 
 
 def _gemm_ast(dtype: DType, m: tuple[int, ...], n: tuple[int, ...], k: tuple[int, ...]) -> UOp:

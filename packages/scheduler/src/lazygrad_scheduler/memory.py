@@ -39,7 +39,7 @@ def _alignment(device: str) -> int:
     """The alignment of the planned views' offsets on `device` (see `ALIGN`)."""
     from lazygrad_uop.registry import Device
 
-    return math.lcm(ALIGN, int(getattr(Device[device].allocator, "offset_alignment", 1)))
+    return math.lcm(ALIGN, Device[device].allocator.offset_alignment)
 
 
 def plan_memory(uses: Sequence[Iterable[Buffer]], candidates: Collection[Buffer]) -> dict[Buffer, Buffer]:
@@ -86,13 +86,15 @@ def _packed(bufs: list[Buffer], first: dict[Buffer, int], last: dict[Buffer, int
 
 def _reused(bufs: list[Buffer], first: dict[Buffer, int], last: dict[Buffer, int]) -> dict[Buffer, Buffer]:
     """For `bufs` (one device, no sub-buffers): each the first of the same size and dtype whose lifetime is over."""
+    starts: dict[int, list[Buffer]] = {}
     ends: dict[int, list[Buffer]] = {}
     for b in bufs:
+        starts.setdefault(first[b], []).append(b)
         ends.setdefault(last[b], []).append(b)
     free: dict[tuple[int, object], list[Buffer]] = {}
     owner: dict[Buffer, Buffer] = {}
     for i in range(max(last.values()) + 1):
-        for b in (b for b in bufs if first[b] == i):
+        for b in starts.get(i, ()):
             pool = free.get((b.size, b.dtype))
             owner[b] = pool.pop(0) if pool else b
         for b in ends.get(i, ()):

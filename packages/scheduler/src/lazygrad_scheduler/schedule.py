@@ -50,9 +50,10 @@ def create_schedule(sink: UOp) -> tuple[list[ScheduleItem], list[UOp]]:
     for k in kernels:
         deps[k] |= {s.src[1] for s in k.src if is_kernelized(s)}
     # write-after-read: a kernel that overwrites buffer B in place runs after the kernels that read B's old value
+    slots = {k: _kernel_buffers(k) for k in kernels}
     writers: dict[UOp, list[UOp]] = {}
     for k in kernels:
-        for b in _kernel_buffers(k)[: k.arg.n_outputs]:
+        for b in slots[k][: k.arg.n_outputs]:
             writers.setdefault(b, []).append(k)
     for k in kernels:
         for s in k.src[k.arg.n_outputs : k.arg.n_slots]:
@@ -60,8 +61,8 @@ def create_schedule(sink: UOp) -> tuple[list[ScheduleItem], list[UOp]]:
                 for w in writers.get(s, []):
                     if w is not k and w not in _ancestors(k, deps):
                         deps[w].add(k)
-    order = _toposort(kernels, deps)
-    items = [ScheduleItem(k.arg.ast, tuple(buffer_of(b) for b in _kernel_buffers(k)), _var_vals(k)) for k in order]
+    order = _toposort(kernels, deps, slots, writers)
+    items = [ScheduleItem(k.arg.ast, tuple(buffer_of(b) for b in slots[k]), _var_vals(k)) for k in order]
     done = [a for k in order for a in assigns if kernel_of[a] is k]
     return items, done
 
@@ -81,19 +82,18 @@ def _ancestors(k: UOp, deps: dict[UOp, set[UOp]]) -> set[UOp]:
     return seen
 
 
-def _toposort(kernels: list[UOp], deps: dict[UOp, set[UOp]]) -> list[UOp]:
+def _toposort(
+    kernels: list[UOp], deps: dict[UOp, set[UOp]], slots: dict[UOp, list[UOp]], writers: dict[UOp, list[UOp]]
+) -> list[UOp]:
     """Every kernel after its `deps`, in an order that keeps little memory held: of the kernels ready to run, the one
     that frees the most bytes (buffers it is the last to read) less those it writes first, ties in `kernels`' order.
     So a kernel whose inputs are ready early but whose output is read late (a window matrix that only the backward
     pass reads) waits for its reader, and one that lets a big buffer go (a weight gradient, the last reader of a
-    saved activation) runs as soon as it can."""
+    saved activation) runs as soon as it can. `slots`: each kernel's BUFFER per parameter slot; `writers`: the
+    kernels writing each buffer."""
     index = {k: i for i, k in enumerate(kernels)}
-    outs = {k: set(_kernel_buffers(k)[: k.arg.n_outputs]) for k in kernels}
-    ins = {k: set(_kernel_buffers(k)[k.arg.n_outputs : k.arg.n_slots]) - outs[k] for k in kernels}
-    writers: dict[UOp, list[UOp]] = {}
-    for k in kernels:
-        for b in outs[k]:
-            writers.setdefault(b, []).append(k)
+    outs = {k: set(slots[k][: k.arg.n_outputs]) for k in kernels}
+    ins = {k: set(slots[k][k.arg.n_outputs : k.arg.n_slots]) - outs[k] for k in kernels}
     readers: dict[UOp, list[UOp]] = {}
     for k in kernels:
         for b in ins[k]:
@@ -107,7 +107,7 @@ def _toposort(kernels: list[UOp], deps: dict[UOp, set[UOp]]) -> list[UOp]:
     for k in kernels:
         for d in deps[k]:
             dependents[d].append(k)
-    heap: list[tuple[int, int, UOp]] = []
+    heap: list[tuple[int, int, int, UOp]] = []  # (bytes held after, order in `kernels`, version, kernel)
     version: dict[UOp, int] = {}
 
     def push(k: UOp) -> None:
