@@ -6,10 +6,11 @@ at 4096^3 and 8192^3, fp32 at 4096^3 (TF32 off on both sides), the three convolu
 lazygrad's time is the sum of its kernels' GPU times (the program's own timing, `ExecItem.run(wait=True)`), median
 of several runs after a warm-up that compiles them; torch's is CUDA-event time of the op (cuDNN/cuBLAS, cudnn
 benchmark mode on). Targets (issue 14): fp16/bf16 >= 50% of torch by default and >= 70% with BEAM, fp32 >= 70%, each
-convolution >= 50%. Without an NVIDIA GPU the script says so and measures nothing. `benchmarks/gpu.py` prints these
-rows too.
+convolution >= 50%. On an sm_90 GPU the fp16/bf16 matmuls and the search run again with `WGMMA=1` (Hopper's wgmma
+tiles), last, each result checked against torch. Without an NVIDIA GPU the script says so and measures nothing.
+`benchmarks/gpu.py` prints these rows too (not the WGMMA=1 ones).
 
-    python benchmarks/gpu_matmul.py [--runs 5] [--no-beam] [--beam-timeout 120]
+    python benchmarks/gpu_matmul.py [--runs 5] [--no-beam] [--beam-timeout 120] [--no-wgmma]
 """
 
 from __future__ import annotations
@@ -87,18 +88,42 @@ def matmul_rows(torch, runs: int) -> list[Row]:
     return rows
 
 
-def _matmul_row(torch, rng, dtype, n: int, runs: int, target: float) -> Row:
+def _matmul_row(torch, rng, dtype, n: int, runs: int, target: float, label: str = "") -> Row:
     a_np, b_np = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
     a, b = _tensor(a_np, dtype), _tensor(b_np, dtype)
-    t_lg = kernel_seconds(a @ b, runs)
+    t_lg = kernel_seconds(a @ b, runs, f"matmul {dtype.name} {n}^3 {label}" if label else None)
     t_ref = None
     if torch is not None:
         tdt = _torch_dtype(torch, dtype)
         ta, tb = torch.from_numpy(a_np).cuda().to(tdt), torch.from_numpy(b_np).cuda().to(tdt)
-        got = (a[:64] @ b).cast(dtypes.float32).numpy()
-        np.testing.assert_allclose(got, (ta[:64] @ tb).float().cpu().numpy(), rtol=3e-2, atol=1.0)
+        # the whole product (a slice would be another kernel, maybe on other tiles)
+        got = (a @ b).cast(dtypes.float32).numpy()
+        np.testing.assert_allclose(got, (ta @ tb).float().cpu().numpy(), rtol=3e-2, atol=1.0)
         t_ref = torch_seconds(torch, lambda: ta @ tb, runs)
-    return (f"matmul {dtype.name} {n}^3", t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", target)
+    return (f"matmul {dtype.name} {n}^3{' ' + label if label else ''}", t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", target)
+
+
+def wgmma_rows(torch, runs: int) -> list[Row]:
+    """The fp16/bf16 matmuls again with `WGMMA=1` (Hopper's wgmma tiles, sm_90 only), each checked against torch
+    first: a wrong result prints and drops its row rather than ending the run. Last of all, since a kernel that
+    faults leaves the CUDA context unusable."""
+    if Device["CUDA"].arch != "sm_90":
+        print(f"wgmma rows: wgmma is an sm_90 instruction; this GPU is {Device['CUDA'].arch}", flush=True)
+        return []
+    rows: list[Row] = []
+    rng = np.random.default_rng(1)
+    with Context(WGMMA=1):
+        for dtype, n in (
+            (dtypes.float16, 4096),
+            (dtypes.bfloat16, 4096),
+            (dtypes.float16, 8192),
+            (dtypes.bfloat16, 8192),
+        ):
+            try:
+                rows.append(_matmul_row(torch, rng, dtype, n, runs, TARGETS["matmul"], "WGMMA=1"))
+            except AssertionError as exc:
+                print(f"WGMMA=1 matmul {dtype.name} {n}^3 gives WRONG results: {str(exc)[:400]}", flush=True)
+    return rows
 
 
 def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[Row]:
@@ -156,8 +181,9 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
     ]
 
 
-def beam_rows(torch, runs: int, timeout_s: float) -> list[Row]:
-    """A BEAM=2 search of the fp16 4096^3 matmul from an empty cache: the kernel it finds, and its search time."""
+def beam_rows(torch, runs: int, timeout_s: float, wgmma: bool = False) -> list[Row]:
+    """A BEAM=2 search of the fp16 4096^3 matmul from an empty cache: the kernel it finds, and its search time; with
+    `wgmma`, under `WGMMA=1` (its candidates include the wgmma tiles, each checked against the default's result)."""
     rng = np.random.default_rng(2)
     n = 4096
     a_np, b_np = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
@@ -167,7 +193,7 @@ def beam_rows(torch, runs: int, timeout_s: float) -> list[Row]:
 
     print(f"BEAM=2 search of the fp16 {n}^3 matmul (budget {timeout_s:.0f} s)...", flush=True)
     search.SEARCHES.clear()
-    with Context(BEAM=2, BEAM_TIMEOUT=timeout_s, CACHELEVEL=0):
+    with Context(BEAM=2, BEAM_TIMEOUT=timeout_s, CACHELEVEL=0, WGMMA=int(wgmma)):
         st = time.perf_counter()
         items = [lower_schedule_item(si) for si in (a @ b).schedule()]
         searched = time.perf_counter() - st
@@ -189,7 +215,8 @@ def beam_rows(torch, runs: int, timeout_s: float) -> list[Row]:
         f"BEAM=2 search of the fp16 {n}^3 matmul: {searched:.1f} s, {end} (budget {timeout_s:.0f} s, target <= 60 s)",
         flush=True,
     )
-    return [(f"matmul float16 {n}^3 BEAM=2", t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", TARGETS["matmul BEAM"])]
+    name = f"matmul float16 {n}^3 BEAM=2{' WGMMA=1' if wgmma else ''}"
+    return [(name, t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", TARGETS["matmul BEAM"])]
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -220,6 +247,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per kernel (median)")
     parser.add_argument("--no-beam", action="store_true", help="skip the BEAM search")
     parser.add_argument("--beam-timeout", type=float, default=120.0, help="BEAM_TIMEOUT for the search (s)")
+    parser.add_argument("--no-wgmma", action="store_true", help="skip the WGMMA=1 rows (sm_90)")
     args = parser.parse_args()
     if (why := Device.usable("CUDA")) is not None:
         print(f"benchmarks/gpu_matmul.py: no GPU was available to measure on: {why}")
@@ -229,6 +257,10 @@ def main() -> None:
     rows = matmul_rows(torch, args.runs) + conv_rows(torch, args.runs)
     if not args.no_beam:
         rows += beam_rows(torch, args.runs, args.beam_timeout)
+    if not args.no_wgmma:
+        rows += wgmma_rows(torch, args.runs)
+        if not args.no_beam and Device["CUDA"].arch == "sm_90":
+            rows += beam_rows(torch, args.runs, args.beam_timeout, wgmma=True)
     print_rows(rows)
 
 

@@ -221,3 +221,78 @@ def test_pipelined_matmul_in_dynamic_shared_memory_matches_numpy(gpu: CUDADevice
     gpu.allocator.copyin(bufs[0], memoryview(out).cast("B"))
     CUDAGraph(gpu, [KernelLaunch(prog, tuple(bufs), spec.global_size, spec.local_size)])(wait=True)
     np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), want)
+
+
+def _wgmma_case(batch: int, m: int, n: int, k: int, dtype: DType, a_t: bool, b_t: bool):
+    """A batched matmul kernel with A stored (b, m, k) or, `a_t`, (b, k, m) and B (b, k, n) or, `b_t`, (b, n, k), and
+    small-integer inputs (exact sums in any order) with the float32 result numpy gives."""
+    from lazygrad_codegen.kernel_ast import load as ast_load
+    from lazygrad_codegen.kernel_ast import reduce, sink, st
+    from lazygrad_codegen.kernel_ast import store as ast_store
+
+    shape = (batch, m, n, k)
+    a_view = st(batch, k, m, 1).permute((0, 2, 3, 1)) if a_t else st(batch, m, 1, k)
+    b_view = st(batch, 1, n, k) if b_t else st(batch, 1, k, n).permute((0, 1, 3, 2))
+    x, y = ast_load(1, dtype, a_view.expand(shape)), ast_load(2, dtype, b_view.expand(shape))
+    prod = x.cast(dtypes.float32) * y.cast(dtypes.float32)
+    ast = sink(ast_store(0, reduce(prod, Ops.ADD, (3,)), st(batch, m, n, 1)))
+    a = RNG.integers(-2, 3, (batch, k, m) if a_t else (batch, m, k)).astype(np.float32)
+    b = RNG.integers(-2, 3, (batch, n, k) if b_t else (batch, k, n)).astype(np.float32)
+    want = (a.transpose(0, 2, 1) if a_t else a) @ (b.transpose(0, 2, 1) if b_t else b)
+    stored = [_bf16_bits(v) if dtype == dtypes.bfloat16 else v.astype(np.float16) for v in (a, b)]
+    return ast, stored, want
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize(("a_t", "b_t"), [(False, False), (True, False), (False, True), (True, True)])
+def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t: bool) -> None:
+    """Hopper's wgmma (sm_90 only): the default wgmma tile (`WGMMA=1`) and others (each N, warpgroups and tiles per
+    warpgroup, K steps of 16 to 64, one to four stages, padded shapes) give numpy's result exactly. The layouts are
+    the PTX ISA's descriptor layouts as the PYTHON device emulates them; this is where the hardware confirms them."""
+    from lazygrad_codegen import Kernel, Opt, OptOps, get_program
+    from lazygrad_codegen.heuristic import hand_coded_optimizations
+    from lazygrad_cuda.renderer import CUDARenderer
+    from lazygrad_cuda.tensor_cores import TENSOR_CORES
+    from lazygrad_uop.config import Context
+
+    if gpu.renderer.arch != "sm_90":
+        pytest.skip(f"wgmma is an sm_90 instruction; this GPU is {gpu.renderer.arch}")
+    renderer = CUDARenderer("sm_90", TENSOR_CORES["sm_90"])
+    select = {
+        tc.dims[0]: i for i, tc in enumerate(renderer.tensor_cores) if tc.shared_operands and tc.dtype_in == dtype
+    }
+    cases: list[tuple[tuple[int, int, int, int], list[Opt] | None]] = [
+        ((1, 256, 512, 256), None),  # the default tile (two warpgroups of 64x256, 64-element steps, 4 stages)
+        (
+            (2, 128, 128, 192),
+            [
+                Opt(OptOps.TC, 0, (select[128], 0)),
+                Opt(OptOps.UPCAST, 0, 2),
+                Opt(OptOps.UNROLL, 0, 4),
+                Opt(OptOps.STAGE, None, 3),
+            ],
+        ),
+        (
+            (1, 128, 64, 96),
+            [
+                Opt(OptOps.TC, 0, (select[64], 0)),
+                Opt(OptOps.LOCAL, 0, 2),
+                Opt(OptOps.UNROLL, 0, 2),
+                Opt(OptOps.STAGE, None, 2),
+            ],
+        ),
+        ((1, 64, 128, 48), [Opt(OptOps.TC, 0, (select[128], 0)), Opt(OptOps.STAGE, None, 1)]),
+        ((1, 100, 72, 96), [Opt(OptOps.TC, 0, (select[64], 1)), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.STAGE)]),
+    ]
+    for shape, opts in cases:
+        ast, (a, b), want = _wgmma_case(*shape, dtype, a_t, b_t)
+        with Context(WGMMA=1):
+            if opts is None:
+                opts = hand_coded_optimizations(Kernel(ast, renderer)).applied_opts
+            spec = get_program(ast, renderer, opts)
+        assert "wgmma.mma_async" in spec.src, (shape, spec.opts)
+        prog = gpu.load_program(spec.name, gpu.compiler.compile(spec.src))
+        out = np.zeros(want.shape, np.float32)
+        bufs = [_to_gpu(gpu, out), _to_gpu(gpu, a), _to_gpu(gpu, b)]
+        prog(*bufs, global_size=spec.global_size, local_size=spec.local_size, wait=True)
+        np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), want, err_msg=f"{shape} {spec.opts}")

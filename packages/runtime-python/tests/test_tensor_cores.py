@@ -40,7 +40,8 @@ def _descriptions() -> list[tuple[str, TensorCore]]:
         for target in Device.tensor_core_targets(device):
             for tc in Device.tensor_cores(device, target):
                 found.setdefault(tc, f"{device.lower()}-{target}")
-    return [(target, tc) for tc, target in found.items()]
+    # (cores that read their operands from local memory need staged tiles of their own: test_wgmma in codegen's tests)
+    return [(target, tc) for tc, target in found.items() if not tc.shared_operands]
 
 
 DESCRIPTIONS = _descriptions()
@@ -204,6 +205,8 @@ def test_every_registered_description_is_covered() -> None:
             registered = Device.tensor_cores(device)
         except Exception:  # noqa: BLE001 - a device whose plugin is not installed registers nothing
             continue
+        # (cores that read local memory themselves run in codegen's test_wgmma)
+        registered = tuple(tc for tc in registered if not tc.shared_operands)
         assert set(registered) <= tested, f"{device} registers tensor cores these tests do not run"
 
 

@@ -258,6 +258,25 @@ class CStyleLanguage(Renderer):
         vector. Dialects with tensor cores implement it; the definition goes before the kernel once per name."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores (can't render {wmma.arg[0]})")
 
+    def render_barrier(self) -> str:
+        """The statement of a workgroup barrier (`BARRIER`)."""
+        return self.barrier
+
+    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, last: bool) -> list[str]:
+        """The statements of a tensor-core instruction that reads A and B from local memory itself (`WGMMA`): the
+        result goes to `name`, a register array the dialect declares; `a` and `b` are the addresses of the operands'
+        origins; `c` the expressions of C's lanes, or None where C is the array `name` itself (the result of the
+        previous instruction of a chain, accumulated in place); `last` says whether this instruction ends its chain
+        (its result is then read by other ops, after `render_wgmma_wait`). Dialects with such tensor cores
+        implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores that read local memory (WGMMA)")
+
+    def render_wgmma_wait(self, arrays: list[tuple[str, int]]) -> list[str]:
+        """The statements that wait for the WGMMA chains whose results go to `arrays` (name, registers): written
+        before the first read of any of them, and before a barrier or the end of a loop, so that the chains of one
+        step run together."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor cores that read local memory (WGMMA)")
+
     def render_shuffle_xor(self, x: str, offset: int, dtype: DType) -> str:
         """The value of scalar expression `x` of `dtype` in the thread of this one's warp whose lane is this
         thread's lane XOR `offset` (`SHUFFLE_XOR`); dialects that declare a `warp_size` implement it."""
@@ -369,7 +388,7 @@ class CStyleLanguage(Renderer):
             if len(expr) > self.max_inline_length:
                 return False
             # a vector expression is written into a statement whole, never into one that reads it lane by lane
-            if u.dtype.count > 1 and us[0].op not in (Ops.STORE, Ops.ASSIGN, Ops.WMMA):
+            if u.dtype.count > 1 and us[0].op not in (Ops.STORE, Ops.ASSIGN, Ops.WMMA, Ops.WGMMA):
                 return False
             # a value read from an accumulator must be read where it stands, unless it is what gets assigned back
             return us[0].op is Ops.ASSIGN or not any(s.op is Ops.DEFINE_ACC for s in u.src)
@@ -387,6 +406,15 @@ class CStyleLanguage(Renderer):
 
         def line(text: str) -> None:
             lines.append("  " * indent + text)
+
+        # the arrays of WGMMA chains issued and not yet waited for (name: registers)
+        pending: dict[str, int] = {}
+
+        def wait() -> None:
+            if pending:
+                for text in self.render_wgmma_wait(list(pending.items())):
+                    line(text)
+                pending.clear()
 
         def value(u: UOp, expr: str, prefix: str) -> None:
             if inline(u, expr):
@@ -430,12 +458,14 @@ class CStyleLanguage(Renderer):
                 line(f"if ({r[src[0]]}) {{")
                 indent += 1
             elif op in GroupOp.BlockEnd:
+                wait()
                 indent -= 1
                 line("}")
             elif op is Ops.BARRIER:
+                wait()
                 if not self.barrier:
                     raise NotImplementedError(f"{type(self).__name__} has no workgroup barrier")
-                line(self.barrier)
+                line(self.render_barrier())
             elif op is Ops.ASYNC_COPY:
                 valid = r[src[1].src[2]] if len(src[1].src) == 3 else None
                 line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
@@ -462,9 +492,13 @@ class CStyleLanguage(Renderer):
             elif op is Ops.STORE:
                 store = self.render_store(r[src[0]], r[src[1]], src[1].dtype, src[0])
                 line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
+            elif op is Ops.VECTORIZE and users[u] and all(x.op is Ops.WGMMA and x.src[2] is u for x in users[u]):
+                r[u] = ""  # the C of a WGMMA chain's first instruction: its lanes are copied into the chain's array
             elif op is Ops.VECTORIZE:
                 value(u, self.render_vectorize(u.dtype, [r[s] for s in src]), "vec")
             elif op is Ops.GEP:
+                if src[0].op is Ops.WGMMA and r[src[0]] in pending:
+                    wait()
                 lanes = u.arg if isinstance(u.arg, tuple) else (u.arg,)
                 if src[0].dtype.count == 1:  # lanes of a scalar: the scalar itself
                     picked = [r[src[0]]] * len(lanes)
@@ -479,6 +513,24 @@ class CStyleLanguage(Renderer):
                 fn, _ = self.render_wmma(u)
                 r[u] = fresh("wmma")
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {fn}({', '.join(r[s] for s in src)});")
+            elif op is Ops.WGMMA:
+                c = src[2]
+                lanes: list[str] | None = None
+                if c.op is Ops.WGMMA and users[c] == [u]:
+                    r[u] = r[c]  # accumulated in place, in the array of the instruction before it
+                else:
+                    r[u] = fresh("wg")
+                    parts = c.src if c.op is Ops.VECTORIZE else (c,)
+                    lanes = [
+                        r[p] if p.dtype.count == 1 else self.render_gep(r[p], lane, p.dtype)
+                        for p in parts
+                        for lane in range(p.dtype.count)
+                    ]
+                chained = len(users[u]) == 1 and users[u][0].op is Ops.WGMMA and users[u][0].src[2] is u
+                for text in self.render_wgmma(r[u], u, r[src[0]], r[src[1]], lanes, not chained):
+                    line(text)
+                if not chained:
+                    pending[r[u]] = u.dtype.count
             elif op is Ops.CAST:
                 value(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
             elif op is Ops.BITCAST:
@@ -487,6 +539,7 @@ class CStyleLanguage(Renderer):
                 value(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
             else:
                 raise NotImplementedError(f"{type(self).__name__} can't render {op} yet")
+        wait()
         return self.render_kernel(kernel_function_name(uops), self.render_local_memory(shared) + lines, params, uops)
 
 

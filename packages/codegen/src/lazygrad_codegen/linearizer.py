@@ -191,6 +191,10 @@ def linearize(sink: UOp) -> list[UOp]:
         prio: dict[int, tuple[int, int]] = {}
         for op in b.ops:
             keys[id(op)], prio[id(op)] = op, (0, position[op])
+            if op.op is Ops.GEP and op.src[0].op is Ops.WGMMA:
+                # a read of a tensor core's result waits for its instructions (`CStyleLanguage.render_wgmma_wait`):
+                # as late as the block allows, so that every chain of the step is issued before the first wait
+                prio[id(op)] = (0, position[op] + len(position))
         for child in b.children:
             assert child.loop is not None
             keys[id(child)], prio[id(child)] = child, (1, position[child.loop])

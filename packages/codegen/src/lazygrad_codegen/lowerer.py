@@ -134,6 +134,12 @@ class _Lanes:
         return list(_coords(self.axes, self.sizes))
 
 
+def _under_casts(u: UOp) -> UOp:
+    while u.op is Ops.CAST:
+        u = u.src[0]
+    return u
+
+
 @functools.lru_cache(maxsize=1024)
 def _coords(axes: tuple[int | str, ...], sizes: tuple[int, ...]) -> tuple[dict[int | str, int], ...]:
     # every view a kernel reads asks for its context's lanes, up to a thousand of them: built once per layout
@@ -652,6 +658,8 @@ class _Lowerer:
         k = self.k
         tc = k.tensor_core
         assert tc is not None and k.tc_operands is not None
+        if tc.shared_operands:
+            return self._shared_tc_reduce(red)
         a_load, b_load = k.tc_operands
         a_vec, b_vec = self.value(a_load, self.tc_a), self.value(b_load, self.tc_b)
         e_a, e_b, e_c = tc.elements_per_thread
@@ -669,6 +677,44 @@ class _Lowerer:
                 a = gep(a_vec, range(lane * e_a, (lane + 1) * e_a))
                 b = gep(b_vec, range(lane * e_b, (lane + 1) * e_b))
                 cur[o] = UOp(Ops.WMMA, vec(tc.dtype_out, e_c), (a, b, cur[o]), arg)
+        new = concat(cur)
+        return UOp(Ops.ASSIGN, acc.dtype, (acc, new)) if self.reduce_ranges else new
+
+    def _shared_tc_reduce(self, red: UOp) -> UOp:
+        """The reduction on a tensor core that reads A and B from local memory itself (`WGMMA`): per step, for each
+        UNROLL lane (a K slice) and each UPCAST lane (an output tile), one instruction from the two operands'
+        origins in the staged tiles (`Stager.origin`) into that tile's accumulators."""
+        k = self.k
+        tc = k.tensor_core
+        assert tc is not None and k.tc_operands is not None
+        if self.stager is None:
+            raise KernelASTError(f"tensor core {tc} reads its operands from local memory: the kernel needs STAGE")
+        a_load, b_load = (_under_casts(u) for u in k.tc_operands)
+        e_c = tc.elements_per_thread[2]
+        upcast, unroll = k.axes(AxisType.UPCAST), k.axes(AxisType.UNROLL)
+        up = _coords(tuple(upcast), tuple(int(k.full_shape[a]) for a in upcast))
+        un = _coords(tuple(unroll), tuple(int(k.full_shape[a]) for a in unroll))
+        zero = UOp.const(tc.dtype_out, 0)
+        if self.reduce_ranges:
+            acc = self._acc(tc.dtype_out, len(up) * e_c, zero, self.reduce_ranges)
+        else:
+            acc = vectorize([zero] * (len(up) * e_c))
+        cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
+        (n, m, kk), layout_c = tc.dims, tc.swizzle[2]
+        matrices = {}
+        for load in (a_load, b_load):
+            shared = self.stager.operands[load].shared
+            assert shared is not None
+            m_ = shared.matrix
+            matrices[load] = (m_.major, m_.lbo, m_.sbo, m_.swizzle)
+        arg = ((n, m, kk), tc.dtype_in, tc.dtype_out, tc.threads, layout_c, matrices[a_load], matrices[b_load])
+        for u_coord in un:
+            for o, o_coord in enumerate(up):
+                coord = {**u_coord, **o_coord}
+                a = self.stager.origin(a_load, coord)  # type: ignore[arg-type]
+                b = self.stager.origin(b_load, coord)  # type: ignore[arg-type]
+                assert self.stager.ready is not None
+                cur[o] = UOp(Ops.WGMMA, vec(tc.dtype_out, e_c), (a, b, cur[o], self.stager.ready), arg)
         new = concat(cur)
         return UOp(Ops.ASSIGN, acc.dtype, (acc, new)) if self.reduce_ranges else new
 

@@ -218,6 +218,9 @@ def _count_ops(uops: list[UOp]) -> sint:
             # one multiply and one add per product of the tile, shared by the threads that run it together
             n, m, k = u.arg[1]
             total = total + math.prod(trips, start=threads * 2 * n * m * k // u.arg[4])
+        elif u.op is Ops.WGMMA and u in value_ops:
+            n, m, k = u.arg[0]
+            total = total + math.prod(trips, start=threads * 2 * n * m * k // u.arg[3])
     return total
 
 

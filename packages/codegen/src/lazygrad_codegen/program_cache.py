@@ -3,11 +3,11 @@ kept in memory and on disk under a structural key of everything that shapes it.
 
 The key (`program_key`) is a hash of the kernel AST's structure (every node's op, dtype, sources and arg, symbolic
 sizes included), the renderer (its class, device and the settings it was built with), the opts setting (`BEAM`,
-`NOOPT`, or the opts asked for), the `TF32` setting (which tensor cores a kernel may take), and the versions and
-source digests of the packages that generate the program: this package, `lazygrad_uop`, and the renderer's own
-package. A second run of the same model, and a repeated layer within
-one, skip straight to the compiler (whose binaries are cached by source, see `lazygrad_uop.device.Compiler`). A key
-that can't be built (an arg of a type this module does not know) means the kernel is simply not cached.
+`NOOPT`, or the opts asked for), the `TF32` and `WGMMA` settings (which tensor cores a kernel may take), and the
+versions and source digests of the packages that generate the program: this package, `lazygrad_uop`, and the
+renderer's own package. A second run of the same model, and a repeated layer within one, skip straight to the
+compiler (whose binaries are cached by source, see `lazygrad_uop.device.Compiler`). A key that can't be built (an arg
+of a type this module does not know) means the kernel is simply not cached.
 
 The layer sits around `get_program`, not inside it: codegen itself is unchanged, and `PROGRAM_CACHE=0` turns this
 layer off (as `DEBUG>=3` does, so that what code generation prints is printed).
@@ -41,7 +41,7 @@ from typing import Any
 
 from lazygrad_codegen.kernel import Opt
 from lazygrad_codegen.program import ProgramSpec, get_program, kernel_name
-from lazygrad_uop.config import BEAM, DEBUG, NOOPT, TF32, ContextVar
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT, TF32, WGMMA, ContextVar
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.diskcache import diskcache_get, diskcache_put
 from lazygrad_uop.dtype import DType, PtrDType
@@ -166,7 +166,7 @@ def program_key(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None = None)
         f"v{_ENTRY_VERSION}",
         ast_hash,
         renderer_key(renderer),
-        f"BEAM={BEAM.value} NOOPT={NOOPT.value} TF32={TF32.value} opts={wanted}",
+        f"BEAM={BEAM.value} NOOPT={NOOPT.value} TF32={TF32.value} WGMMA={WGMMA.value} opts={wanted}",
         package_fingerprint("lazygrad_codegen"),
         package_fingerprint("lazygrad_uop"),
     )
@@ -314,7 +314,7 @@ _memory_lock = threading.Lock()
 
 def _memo(ast: UOp, renderer: Renderer, opts: Sequence[Opt] | None) -> tuple[Any, ...]:
     # in memory by the AST node itself (UOps are interned): a repeated kernel costs one dict lookup
-    return (ast, renderer, BEAM.value, NOOPT.value, TF32.value, None if opts is None else tuple(opts))
+    return (ast, renderer, BEAM.value, NOOPT.value, TF32.value, WGMMA.value, None if opts is None else tuple(opts))
 
 
 def _from_disk(key: str) -> ProgramSpec | None:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps
-from lazygrad_uop.config import DEBUG, TF32, ContextVar
+from lazygrad_uop.config import DEBUG, TF32, WGMMA, ContextVar
 from lazygrad_uop.device import Buffer, CompiledDevice, CompileError, Program
 from lazygrad_uop.diskcache import diskcache_get, diskcache_put
 from lazygrad_uop.dtype import DType, dtypes, to_numpy_dtype
@@ -286,12 +286,14 @@ def _time(prg: Program, c: _Compiled, bench: _Bench, runs: int = 3, give_up: flo
 # *** the search ***
 
 
-def search_key(k: Kernel, width: int) -> tuple[str, str, str, int, int]:
+def search_key(k: Kernel, width: int) -> tuple[str, str, str, int, int] | tuple[str, str, str, int, int, int]:
     """What a search result is cached under: the kernel AST's text, the device, the renderer, the beam width and the
-    TF32 setting (which decides whether fp32 kernels may take a tensor core, so whether the best opts can)."""
+    TF32 setting (which decides whether fp32 kernels may take a tensor core, so whether the best opts can), and
+    `WGMMA` where it is on (the candidates then include wgmma tiles)."""
     r = k.renderer
     renderer = f"{type(r).__module__}.{type(r).__qualname__} {getattr(r, 'target', '')} {r.vector_width}"
-    return (pretty_print(k.ast), r.device, renderer, width, int(TF32.value))
+    key = (pretty_print(k.ast), r.device, renderer, width, int(TF32.value))
+    return (*key, int(WGMMA.value)) if WGMMA.value else key
 
 
 BEAM_TIMEOUT = ContextVar("BEAM_TIMEOUT", 600.0)

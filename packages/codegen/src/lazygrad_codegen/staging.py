@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
 from lazygrad_codegen.tensor_cores import layouts
 from lazygrad_codegen.vectors import gep, memory_widths, vectorize
+from lazygrad_uop.device import SharedMatrix
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
@@ -54,6 +55,66 @@ PAD_FROM_BYTES = 64
 MAX_STAGES = 4
 
 
+SHARED_ROW_BYTES = (128, 64, 32)
+"""The swizzled rows a tensor core reading local memory itself takes a K-major operand in, widest first: the first
+that divides the tile's K extent (a 64-element step of fp16 fills 128-byte rows)."""
+
+
+@dataclass(frozen=True)
+class SharedTile:
+    """The layout of an operand that the tensor core reads from local memory itself (`TensorCore.shared_operands`):
+    the tile is an MN x K matrix, its MN index the row-major index over the axes `mn` (outermost first, the
+    tensor-core axis innermost), its K index over `k` (TC_K innermost), each (axis, size). K-major (`major` "k", the
+    copy's innermost axis is TC_K): element (mn, k) at (k // row) * (MN * row) + mn * row + k % row, rows of `row`
+    elements; MN-major ("mn", the copy's innermost is the tensor-core axis of M or N): at (mn // row) * (K * row) +
+    k * row + mn % row. Then the rows are swizzled (`SharedMatrix`'s XOR of bits 4-6 by 7-9 of the byte address), so
+    that the 16-byte copies of one row, and the instruction's reads of 8 rows, meet no bank twice. An instruction
+    whose operand starts at (mn0, k0) reads it as the `SharedMatrix` `matrix` from the unswizzled offset of (mn0,
+    k0): the swizzle of each element it reads depends only on the address bits the layout gives it."""
+
+    mn: tuple[tuple[int, int], ...]
+    k: tuple[tuple[int, int], ...]
+    row: int
+    itemsize: int
+    major: str
+
+    @property
+    def mn_size(self) -> int:
+        return math.prod(n for _, n in self.mn)
+
+    @property
+    def k_size(self) -> int:
+        return math.prod(n for _, n in self.k)
+
+    @property
+    def matrix(self) -> SharedMatrix:
+        """The descriptor's layout of an instruction's operand in this tile."""
+        row_bytes = self.row * self.itemsize
+        if self.major == "k":
+            return SharedMatrix("k", 16, 8 * row_bytes, row_bytes)
+        return SharedMatrix("mn", self.k_size * row_bytes, 8 * row_bytes, row_bytes)
+
+    def offset(self, coords: dict[int, UOp | int]) -> UOp | int:
+        """The unswizzled element offset of the element at tile coordinates `coords` (every axis of `mn` and `k`)."""
+        mn: UOp | int = 0
+        k: UOp | int = 0
+        for a, size in self.mn:
+            mn = mn * size + coords[a]
+        for a, size in self.k:
+            k = k * size + coords[a]
+        row = self.row
+        if self.major == "k":
+            return (k // row) * (self.mn_size * row) + mn * row + k % row
+        return (mn // row) * (self.k_size * row) + k * row + mn % row
+
+    def swizzle(self, offset: UOp) -> UOp:
+        """Element `offset` of the tile (from a 1024-byte aligned start) at its swizzled place."""
+        per_line = 128 // self.itemsize  # the elements of one 128-byte line, whose 16-byte units the XOR moves
+        unit = 16 // self.itemsize
+        mask = self.row * self.itemsize // 16 - 1
+        return offset ^ (((offset // per_line) % (mask + 1)) * unit)
+
+
 @dataclass(frozen=True)
 class StagedOperand:
     """How one operand (a LOAD of the kernel AST) is staged: its tile axes in the order the copy walks them
@@ -69,6 +130,7 @@ class StagedOperand:
     vector: int
     store_vector: bool
     slots: int
+    shared: SharedTile | None = None
 
     @property
     def bytes(self) -> int:
@@ -237,6 +299,13 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
             ]
         item = load.dtype.itemsize
         vector = _vector(k, load, copy[-1], sizes[copy[-1]]) if copy else 1
+        if k.tensor_core is not None and k.tensor_core.shared_operands:
+            shared = _shared_tile(k, operand, copy, sizes, vector, item)
+            tile = math.prod(sizes.values())
+            # each slot starts 1024 bytes aligned, where the swizzle's pattern of 8 lines repeats
+            slot = -(-tile * item // 1024) * 1024 // item
+            out.append(StagedOperand(load, tuple(copy), (), tile, slot, vector, True, slots, shared))
+            continue
         if k.tensor_core is not None and item == 4:
             layout, pads = _fragment_layout(k, operand, copy, sizes, vector)
         else:
@@ -250,6 +319,50 @@ def plan(k: Kernel, stages: int | None = None) -> list[StagedOperand]:
         store_vector = _store_vector(local, copy, vector, slot)
         out.append(StagedOperand(load, tuple(copy), tuple(local.items()), tile, slot, vector, store_vector, slots))
     return out
+
+
+def _shared_tile(k: Kernel, operand: int, copy: list[int], sizes: dict[int, int], vector: int, item: int) -> SharedTile:
+    """The `SharedTile` of tensor-core operand `operand` (0: A, 1: B) of a core that reads local memory itself, whose
+    tile the copy walks in the order `copy` with vectors of `vector` elements (at most 16 bytes, which the swizzle
+    keeps together); KernelOptError where none fits: the copy's innermost axis, the one of the operand's memory,
+    must be the tensor-core axis of K (K-major) or of the operand's M or N (MN-major)."""
+    tc = k.tensor_core
+    assert tc is not None
+    own = AxisType.TC_M if operand == 0 else AxisType.TC_N
+    if not copy or COPY_BYTES % (vector * item):
+        raise KernelOptError(f"tensor core {tc}: operand {'AB'[operand]} has no tile or copies past 16 bytes")
+    inner = k.axis_types[copy[-1]]
+    if inner not in (own, AxisType.TC_K):
+        raise KernelOptError(
+            f"tensor core {tc}: operand {'AB'[operand]} is read contiguously along neither K nor its "
+            f"{'M' if operand == 0 else 'N'} tensor-core axis, which a shared layout needs innermost"
+        )
+    k_axes = [a for a in copy if k.axis_types[a] in REDUCE_TYPES]
+    mn_axes = [a for a in copy if k.axis_types[a] not in REDUCE_TYPES]
+    # the tensor-core axes innermost: an instruction's rows and its K step are runs of the tile's indices
+    k_axes.sort(key=lambda a: k.axis_types[a] is AxisType.TC_K)
+    mn_axes.sort(key=lambda a: k.axis_types[a] is own)
+    if (
+        not mn_axes
+        or k.axis_types[mn_axes[-1]] is not own
+        or not k_axes
+        or k.axis_types[k_axes[-1]] is not AxisType.TC_K
+    ):
+        raise KernelOptError(f"tensor core {tc}: operand {'AB'[operand]}'s tile lacks its tensor-core axes")
+    k_size = math.prod(sizes[a] for a in k_axes)
+    if inner is AxisType.TC_K:
+        row = next((r // item for r in SHARED_ROW_BYTES if k_size % (r // item) == 0), None)
+        if row is None:
+            raise KernelOptError(f"tensor core {tc}: a K step of {k_size} fills no swizzled row of 32 to 128 bytes")
+        major = "k"
+    else:
+        row = 128 // item
+        if sizes[mn_axes[-1]] % row:
+            raise KernelOptError(
+                f"tensor core {tc}: an MN-major operand needs its tensor-core axis a multiple of {row}"
+            )
+        major = "mn"
+    return SharedTile(tuple((a, sizes[a]) for a in mn_axes), tuple((a, sizes[a]) for a in k_axes), row, item, major)
 
 
 def _tensor_core_axes_last(k: Kernel, layout: list[int]) -> list[int]:
@@ -523,9 +636,12 @@ class Stager:
                 ]
                 # views compute in the type of their first index: the kernel's index type (`index_width`)
                 gidx, valid = st.to_indexed_uops([i if i.dtype == lw.idx_dt else i.cast(lw.idx_dt) for i in idxs])
-                lidx = base
-                for a, c in coords.items():
-                    lidx = lidx + c * local[a]
+                if o.shared is not None:
+                    lidx = base + o.shared.swizzle(o.shared.offset(coords))  # type: ignore[arg-type]
+                else:
+                    lidx = base
+                    for a, c in coords.items():
+                        lidx = lidx + c * local[a]
                 dst = UOp(Ops.INDEX, buf.dtype, (buf, lidx))
                 if asynchronous:
                     gate = valid & extra[0] if extra else valid
@@ -594,6 +710,27 @@ class Stager:
         nxt = lw._flat(reduce_axes) + ahead
         started = self._copies(indices(nxt), nxt, True, (nxt < steps, landed))
         return UOp(Ops.NOOP, dtypes.void, tuple(started))
+
+    def origin(self, load: UOp, coord: dict[int, int]) -> UOp:
+        """Where the instruction of the register lanes `coord` (UPCAST and UNROLL axes) finds its part of operand
+        `load` of a core that reads local memory itself: the unswizzled offset in this step's slot of the element at
+        its tensor-core axes' 0, the workgroup's own LOCAL indices, and `coord`."""
+        if self.ready is None:
+            self.ready = self._build()
+        o, buf = self.operands[load], self.buffers[load]
+        assert o.shared is not None
+        zero = UOp.const(dtypes.int32, 0)
+        at: dict[int, UOp | int] = {}
+        for a, _ in (*o.shared.mn, *o.shared.k):
+            if self.k.axis_types[a] in (AxisType.TC_M, AxisType.TC_N, AxisType.TC_K):
+                at[a] = 0
+            elif a in coord:
+                at[a] = coord[a]
+            else:
+                idx = self.lw.idx.get(a, zero)
+                at[a] = idx if idx.dtype == dtypes.int32 else idx.cast(dtypes.int32)
+        offset = self._slot_offset(o) + o.shared.offset(at)
+        return UOp(Ops.INDEX, buf.dtype, (buf, offset))
 
     def staged(self, load: UOp) -> bool:
         """Whether `load` is read from local memory."""

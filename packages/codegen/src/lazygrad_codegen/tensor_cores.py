@@ -38,10 +38,11 @@ class Layout:
 
 
 def layouts(tc: TensorCore) -> tuple[Layout, Layout, Layout]:
-    """The layouts of A, B and C of a tensor core description."""
+    """The layouts of A, B and C of a tensor core description (those of A and B empty where the core reads them
+    from local memory itself, `TensorCore.shared_operands`)."""
     if not tc.swizzle:
         raise ValueError(f"tensor core {tc} has no layout (swizzle); codegen can't place its elements")
-    a, b, c = (Layout(tuple(t), tuple(r)) for t, r in tc.swizzle)
+    a, b, c = (Layout(tuple(t[0]), tuple(t[1])) if t else Layout((), ()) for t in tc.swizzle)
     return a, b, c
 
 
@@ -149,7 +150,8 @@ def apply_tensor_core(kernel: Kernel, opt: Opt) -> None:
     if select != -1 and not allowed(cores[select]):
         raise KernelOptError(f"tensor core {cores[select]} rounds float32 inputs to TF32: it needs the setting TF32=1")
     axis = opt.axis if opt.axis is not None else 0
-    for tc in cores if select == -1 else (cores[select],):
+    # a core that reads its operands from local memory is taken only when named: it needs STAGE and its own tiles
+    for tc in [c for c in cores if not c.shared_operands] if select == -1 else (cores[select],):
         if not tc.swizzle or not allowed(tc):
             continue
         found = [mt for mt in matches(kernel, tc) if pad or _fits(kernel, mt, tc)]

@@ -415,15 +415,73 @@ def _cost(k: Kernel, work: float) -> tuple[float, float]:
     return round(math.log((1 / e["M"] + 1 / e["N"]) * work, 1.05)), 1 / e["K"]
 
 
+WGMMA_TILES = ((256, 2, 1), (128, 2, 1), (128, 1, 2), (256, 1, 1), (128, 1, 1), (64, 2, 1), (64, 1, 1))
+"""Tiles on a tensor core that reads its operands from shared memory (wgmma, `WGMMA=1`), the default first: (the
+instruction's N, warpgroups along M, 64-row tiles per warpgroup along M). The default, 128 x 256 outputs per
+workgroup from two warpgroups of 64 x 256, is the shape the vendor's Hopper kernels use for large fp16 matmuls; 128
+accumulators per thread, 182 registers and no spills on sm_90a. Not yet timed on a GPU."""
+WGMMA_K = (4, 2)
+"""UNROLL of the K step on wgmma tiles: 64 elements a step (fp16 rows of 128 bytes, the widest swizzle), or 32."""
+
+
+def _shared_core_kernels(k: Kernel) -> list[Kernel]:
+    """`k` with each tensor core that reads its operands from shared memory and fits it (TC opt, padding allowed),
+    in the renderer's order."""
+    out = []
+    for select, tc in enumerate(k.renderer.tensor_cores):
+        if not tc.shared_operands:
+            continue
+        for match in range(TC_MATCHES):
+            trial = k.copy()
+            try:
+                trial.apply_opt(Opt(OptOps.TC, match, (select, 1)))
+            except KernelOptError:
+                continue
+            out.append(trial)
+            break
+    return out
+
+
+def wgmma_tiles(k: Kernel, stages: tuple[int, ...] = DEEP_STAGES) -> list[Kernel]:
+    """Staged tiles of the matmul-like kernel `k` (no opts yet) on tensor cores that read shared memory, in the
+    order of `WGMMA_TILES` and `WGMMA_K`, each with the deepest of `stages` that fits the shared memory: empty
+    unless `WGMMA=1` and the renderer has such a core that fits."""
+    from lazygrad_uop.config import WGMMA
+
+    if not WGMMA or not any(tc.shared_operands for tc in k.renderer.tensor_cores):
+        return []
+    cores = {trial.tensor_core.dims[0]: trial for trial in _shared_core_kernels(k) if trial.tensor_core is not None}
+    out = []
+    for n, lm, m in WGMMA_TILES:
+        if n not in cores:
+            continue
+        for unroll in WGMMA_K:
+            tile = cores[n].copy()
+            if not all(_apply_exact(tile, which, amount) for which, amount in (("LM", lm), ("M", m), ("K", unroll))):
+                continue
+            for n_stages in stages:
+                staged = tile.copy()
+                try:
+                    staged.apply_opt(Opt(OptOps.STAGE, None, n_stages))
+                except KernelOptError:
+                    continue
+                out.append(staged)
+                break
+    return out
+
+
 def staged_matmul(k: Kernel) -> bool:
     """Apply the default tiles of the module docstring to `k` when it is matmul-like and its renderer has local and
     shared memory, padding odd axes to whole tiles where that pays (`PAD_WASTE`); returns whether it did (`k` is
-    left unchanged otherwise)."""
+    left unchanged otherwise). With `WGMMA=1`, the first of `wgmma_tiles` where one fits."""
     r = k.renderer
     if not (r.has_local and r.has_shared and k.use_locals) or k.applied_opts or _operands(k) is None:
         return False
     if any(_extent(k, which) < MIN_SIZE for which in ("M", "N", "K")):
         return False
+    if wgmma := wgmma_tiles(k):
+        k.__dict__.update(wgmma[0].__dict__)
+        return True
     k_in = k
     k = without_padding_selects(k)
     register_tile = fma_register_tile(k)
@@ -530,4 +588,6 @@ def staged_tiles(k: Kernel) -> list[Kernel]:
                         except KernelOptError:
                             continue
                         out.setdefault(tuple(staged.applied_opts), staged)
+    for tile in wgmma_tiles(k, (4, 3, 2)):
+        out.setdefault(tuple(tile.applied_opts), tile)
     return list(out.values())

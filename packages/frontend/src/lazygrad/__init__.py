@@ -9,7 +9,7 @@ from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.registry import Device
 from lazygrad_uop.uop import UOp
 
-__version__ = "0.14.0"
+__version__ = "0.14.1"
 
 # `Variable("n", 1, 1024).bind(k)` in a shape lets one compiled kernel serve every k in [1, 1024]
 Variable = UOp.variable

@@ -28,7 +28,7 @@ from lazygrad.gradient import realized_graphs
 from lazygrad.multi import device_uops
 from lazygrad_codegen import ProgramSpec
 from lazygrad_scheduler import ScheduleItem, create_schedule, intermediate_buffers, kernelize, plan_memory
-from lazygrad_uop.config import BEAM, DEBUG, NOOPT, TF32
+from lazygrad_uop.config import BEAM, DEBUG, NOOPT, TF32, WGMMA
 from lazygrad_uop.device import Allocator, Buffer, CompiledDevice, KernelLaunch, MemoryUse, Program
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device, DeviceName, shares_host_memory
@@ -195,13 +195,13 @@ class ExecItem:
             _report(f"copy {dest.nbytes} bytes {src.device} -> {dest.device}", dest.device, seconds, 0, 2 * dest.nbytes)
 
 
-_runners: dict[tuple[str, UOp, int, int, int], CompiledRunner] = {}
+_runners: dict[tuple[str, UOp, int, int, int, int], CompiledRunner] = {}
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled program for kernel `ast` on `device`, built on first use."""
-    # a program found under other opt settings (or tensor cores allowed by TF32) is another program
-    key = (device, ast, BEAM.value, NOOPT.value, TF32.value)
+    # a program found under other opt settings (or tensor cores allowed by TF32 or WGMMA) is another program
+    key = (device, ast, BEAM.value, NOOPT.value, TF32.value, WGMMA.value)
     if (runner := _runners.get(key)) is None:
         compile_runners([(device, ast)])
         runner = _runners[key]
@@ -211,7 +211,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 def compile_runners(jobs: Sequence[tuple[str, UOp]]) -> None:
     """Compile the (device, kernel AST) pairs of `jobs` that have no runner yet, all together (see
     `lazygrad.compiling`: code generation overlapped with compiling, one progress line)."""
-    settings = (BEAM.value, NOOPT.value, TF32.value)
+    settings = (BEAM.value, NOOPT.value, TF32.value, WGMMA.value)
     todo = list(dict.fromkeys(job for job in jobs if (*job, *settings) not in _runners))
     for (device, ast), (spec, lib) in zip(todo, compile_kernels(todo)):
         dev: CompiledDevice = Device[device]

@@ -180,7 +180,7 @@ def ptxas_usage(src: str, arch: str, name: str = "kernel") -> PtxasUsage:
     without a GPU): a log without the report is compiled again, up to `PTXAS_REPORT_TRIES` times in all."""
     log = ""
     for _ in range(PTXAS_REPORT_TRIES):
-        log = nvrtc_compile(src, arch, name, options=("--ptxas-options=-v",)).log
+        log = nvrtc_compile(src, wgmma_arch(src, arch), name, options=("--ptxas-options=-v",)).log
         registers = re.search(r"Used (\d+) registers", log)
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
         if registers is not None and spills is not None:
@@ -239,8 +239,10 @@ class NVRTCCompiler(Compiler):
         super().__init__(f"compile_cuda_nvrtc{major}.{minor}_{target.nvrtc_arch}_{kind}")
 
     def compile(self, src: str) -> bytes:
-        """The cubin (or PTX) of `src`. `DEBUG>=7` prints the PTX."""
-        out = nvrtc_compile(src, self.target.nvrtc_arch, _kernel_name(src))
+        """The cubin (or PTX) of `src`. `DEBUG>=7` prints the PTX. A kernel with `wgmma` instructions is compiled
+        for sm_90a, the architecture-specific target that has them (its cubin runs on sm_90 GPUs only, as the
+        renderer writes wgmma for those only)."""
+        out = nvrtc_compile(src, wgmma_arch(src, self.target.nvrtc_arch), _kernel_name(src))
         if DEBUG >= 7:
             print(out.ptx.rstrip(b"\0").decode())
         if self.target.cubin:
@@ -248,6 +250,11 @@ class NVRTCCompiler(Compiler):
             return out.cubin
         # the driver reads PTX as a C string
         return out.ptx if out.ptx.endswith(b"\0") else out.ptx + b"\0"
+
+
+def wgmma_arch(src: str, nvrtc_arch: str) -> str:
+    """`nvrtc_arch`, with the `a` of its architecture-specific features where `src` issues `wgmma` on sm_90."""
+    return f"{nvrtc_arch}a" if "wgmma.mma_async" in src and nvrtc_arch in ("sm_90", "compute_90") else nvrtc_arch
 
 
 def _kernel_name(src: str) -> str:

@@ -82,6 +82,15 @@ OPT_IN_SHARED_MAX = {70: 96, 72: 96, 75: 64, 80: 163, 86: 99, 87: 163, 89: 99, 9
 DYNAMIC_SHARED_SYMBOL = "lg_dynamic_shared_bytes"
 # every local buffer starts 16 bytes into the dynamic array, as `__align__(16)` places the static ones
 _SHARED_ALIGN = 16
+# a WGMMA kernel's shared buffers start where the 128-byte swizzle's pattern of 8 lines does
+WGMMA_SHARED_ALIGN = 1024
+# the 64-bit matrix descriptor of a wgmma operand: start address, leading and stride byte offsets (over 16), and
+# the swizzle mode in bits 62-63 (PTX ISA, "Matrix Descriptor Format")
+_WGMMA_DESC = """__device__ __forceinline__ unsigned long long lg_wgmma_desc(const void* p, unsigned long long lbo,
+    unsigned long long sbo, unsigned long long mode) {
+  unsigned long long start = (unsigned long long)(((unsigned)__cvta_generic_to_shared(p)) & 0x3FFFFu) >> 4;
+  return start | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (mode << 62);
+}"""
 
 
 def _compute_capability(arch: str) -> int:
@@ -115,6 +124,35 @@ def mma_problem(
         return (
             f"tensor core {name} has {threads} threads and layout {layout}, but mma.sync.m16n8k{k} is run by 32 "
             f"threads holding their operands as {_MMA_LAYOUTS[k]} (PTX ISA fragment layout)"
+        )
+    return None
+
+
+WGMMA_ARCH = 90
+"""The one compute capability with `wgmma.mma_async` (compiled for sm_90a)."""
+WGMMA_N = (64, 128, 256)
+"""The N of the m64nNk16 shapes `render_wgmma` writes."""
+_WGMMA_SWIZZLE_MODES = {128: 1, 64: 2, 32: 3, 0: 0}
+
+
+def wgmma_problem(
+    name: str, dims: tuple[int, ...], dtype_in: DType, dtype_out: DType, threads: int, layout: object
+) -> str | None:
+    """None if the renderer writes the tensor core as one wgmma.mma_async m64nNk16 (fp16/bf16 inputs from shared
+    memory, fp32 accumulate), else why not."""
+    n, m, k = dims
+    if (m, k) != (64, 16) or n not in WGMMA_N or dtype_in not in _MMA_INPUTS or dtype_out != dtypes.float32:
+        return (
+            f"tensor core {name}: the CUDA renderer writes wgmma m64nNk16 for N in {WGMMA_N}, fp16/bf16 inputs and "
+            f"fp32 accumulate; got dims (N, M, K) {tuple(dims)}, {dtype_in} -> {dtype_out}"
+        )
+    from lazygrad_cuda.tensor_cores import wgmma_c_layout
+
+    want = ((), (), wgmma_c_layout(n))
+    if threads != 128 or _as_tuples(layout) != want:
+        return (
+            f"tensor core {name} has {threads} threads and layout {layout}, but wgmma m64n{n}k16 is run by a "
+            f"warpgroup of 128 threads holding C as {want[2]} (PTX ISA register fragment layout)"
         )
     return None
 
@@ -233,7 +271,8 @@ class CUDARenderer(CStyleLanguage):
         cc = _compute_capability(arch)
         self.arch = arch
         self.shared_max = OPT_IN_SHARED_MAX.get(cc, STATIC_SHARED_MAX // 1024) * 1024
-        self.tensor_cores = tuple(tensor_cores)
+        self.tensor_cores = ()
+        self.add_tensor_cores(tensor_cores)
         # cp.async exists from Ampere (sm_80) on
         self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
         # ldmatrix exists from Turing (sm_75) on
@@ -248,10 +287,21 @@ class CUDARenderer(CStyleLanguage):
         return tuple(dict.fromkeys([self.arch, *(f"sm_{c}" for c in range(cc, OLDEST_TENSOR_CORE_ARCH - 1, -1))]))
 
     def tensor_core_problem(self, tc: TensorCore, target: str) -> str | None:
-        """None for the mma.sync shapes `render_wmma` writes, on sm_80 and later, else why not."""
+        """None for the mma.sync shapes `render_wmma` writes, on sm_80 and later, and for the wgmma shapes
+        `render_wgmma` writes on sm_90 itself (its `a` features, which later architectures lack), else why not."""
         if _compute_capability(target) < OLDEST_TENSOR_CORE_ARCH:
             return f"the CUDA renderer's mma.sync tensor cores need sm_{OLDEST_TENSOR_CORE_ARCH} or later, not {target}"
+        if tc.shared_operands:
+            if _compute_capability(target) != WGMMA_ARCH:
+                return f"wgmma runs on sm_{WGMMA_ARCH} (compiled as sm_{WGMMA_ARCH}a) only, not {target}"
+            return wgmma_problem(str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.swizzle)
         return mma_problem(str(tc), tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.swizzle, tc.input_mantissa_bits)
+
+    def add_tensor_cores(self, tensor_cores: Sequence[TensorCore]) -> None:
+        """Use `tensor_cores` too, but sm_90's wgmma only on an sm_90 GPU: a later GPU runs the mma.sync of the
+        architectures before it, not their `a` features."""
+        own = _compute_capability(self.arch) == WGMMA_ARCH
+        super().add_tensor_cores([tc for tc in tensor_cores if own or not tc.shared_operands])
 
     def __repr__(self) -> str:
         return f"CUDARenderer({self.arch!r}, {len(self.tensor_cores)} tensor cores)"
@@ -299,10 +349,6 @@ class CUDARenderer(CStyleLanguage):
         """A vector value of `dtype` from one expression per lane (brace-initialised: the structs have no
         constructors)."""
         return f"{self.render_dtype(dtype)}{{{', '.join(parts)}}}"
-
-    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
-        """Lane `lane` of vector expression `x`: a field named by `LANES`."""
-        return _lane(x, lane, dtype)
 
     def render_alu(self, op: Ops, dtype: DType, operands: list[str], src_dtypes: list[DType]) -> str:
         """An ALU op; on vectors lane by lane, on half and bfloat16 in float rounded back to the type."""
@@ -383,6 +429,46 @@ class CUDARenderer(CStyleLanguage):
 }}"""
         return fn, body
 
+    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, last: bool) -> list[str]:
+        """One `wgmma.mma_async.sync.aligned.m64nNk16.f32` by the warpgroup, A and B by descriptors built from their
+        origins and `SharedMatrix` layouts (K-major, or MN-major with the instruction's transpose flag); C in the float
+        array `name`. A chain's first instruction declares the array, copies C's lanes into it and fences
+        (`wgmma.fence`: the registers were written by ordinary instructions); each instruction then only issues, so
+        a chain's instructions pipeline on the tensor cores; the last commits them as a group, and the chains of a step
+        are waited for together before their results are read (`render_wgmma_wait`). The fences and the wait take the
+        arrays' registers as operands, so that the compiler moves no read or write of them across."""
+        (n, _m, _k), dtype_in, _dtype_out, _threads, _layout, a_matrix, b_matrix = wgmma.arg
+        regs = n // 2
+        operands = ", ".join(f'"+f"({name}[{i}])' for i in range(regs))
+        out = []
+        if c is not None:
+            out.append(f"float {name}[{regs}] = {{{', '.join(c)}}};")
+            out.append(f'asm volatile("wgmma.fence.sync.aligned;" : {operands} :: "memory");')
+        descs = []
+        for ptr, (_major, lbo, sbo, swizzle) in ((a, a_matrix), (b, b_matrix)):
+            descs.append(f"lg_wgmma_desc({ptr}, {lbo}ull, {sbo}ull, {_WGMMA_SWIZZLE_MODES[swizzle]}ull)")
+        ptx_in = _MMA_INPUTS[dtype_in]
+        trans_a, trans_b = int(a_matrix[0] == "mn"), int(b_matrix[0] == "mn")
+        d = ", ".join(f"%{i}" for i in range(regs))
+        out.append(
+            f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_in}.{ptx_in} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, "
+            f'{trans_a}, {trans_b};\\n}}" : {operands} : "l"({descs[0]}), "l"({descs[1]}), "r"(1));'
+        )
+        if last:
+            out.append('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
+        return out
+
+    def render_wgmma_wait(self, arrays: list[tuple[str, int]]) -> list[str]:
+        """`wgmma.wait_group 0` for every committed chain, with the chains' registers as its operands (one asm
+        statement per chain, the first waits)."""
+        out = []
+        for n, (name, regs) in enumerate(arrays):
+            operands = ", ".join(f'"+f"({name}[{i}])' for i in range(regs))
+            text = "wgmma.wait_group.sync.aligned 0;" if n == 0 else ""
+            out.append(f'asm volatile("{text}" : {operands} :: "memory");')
+        return out
+
     def _render_tf32_mma(self, fn: str) -> str:
         """The device function `fn` of one mma.sync.m16n8k8 with .tf32 inputs: A's 4 and B's 2 floats rounded to TF32
         (`cvt.rna.tf32.f32`, a .b32 register each), then multiplied into C's 4 floats."""
@@ -449,11 +535,20 @@ class CUDARenderer(CStyleLanguage):
 
     def render_local_memory(self, buffers: list[tuple[str, DType, int]]) -> list[str]:
         """`__shared__` arrays while they fit the static limit; else pointers into one `extern __shared__` array,
-        each buffer 16-byte aligned in it (see `dynamic_shared_bytes`)."""
-        offsets, total = _shared_layout(buffers)
-        if total <= STATIC_SHARED_MAX:
+        each buffer 16-byte aligned in it (see `dynamic_shared_bytes`). A kernel with WGMMAs always takes the array,
+        its start rounded up to 1024 bytes of shared address and each buffer 1024-byte aligned in it."""
+        wgmma = getattr(self, "_wgmma", False)
+        offsets, total = _shared_layout(buffers, WGMMA_SHARED_ALIGN if wgmma else _SHARED_ALIGN)
+        if total <= STATIC_SHARED_MAX and not wgmma:
             return super().render_local_memory(buffers)
         out = [f"  extern __shared__ __align__({_SHARED_ALIGN}) unsigned char lg_shared[];"]
+        if wgmma:
+            a = WGMMA_SHARED_ALIGN
+            out = [
+                f"  extern __shared__ __align__({_SHARED_ALIGN}) unsigned char lg_shared_raw[];",
+                f"  unsigned char* lg_shared = lg_shared_raw + (({a}u - ((unsigned)__cvta_generic_to_shared"
+                f"(lg_shared_raw) & {a - 1}u)) & {a - 1}u);",
+            ]
         for (name, dt, _size), offset in zip(buffers, offsets, strict=True):
             t = self.render_dtype(dt)
             out.append(f"  {t}* {name} = ({t}*)(lg_shared + {offset});")
@@ -467,7 +562,9 @@ class CUDARenderer(CStyleLanguage):
 
     def render_prelude(self, uops: list[UOp]) -> list[str]:
         """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""
-        dts = {u.dtype for u in uops} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
+        # (a WGMMA's result, and the C it takes, are float arrays, not vector types)
+        wide = {u for u in uops if u.op is Ops.WGMMA} | {u.src[2] for u in uops if u.op is Ops.WGMMA}
+        dts = {u.dtype for u in uops if u not in wide} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
         scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
         out: list[str] = []
         if dynamic := dynamic_shared_bytes(uops):
@@ -494,24 +591,51 @@ class CUDARenderer(CStyleLanguage):
         return out
 
     def render_helpers(self, uops: list[UOp]) -> list[str]:
-        """The tensor-core functions, and Threefry when the kernel draws random bits."""
+        """The tensor-core functions, the wgmma descriptor's, and Threefry when the kernel draws random bits."""
         threefry = [_THREEFRY] if any(u.op is Ops.THREEFRY for u in uops) else []
-        return super().render_helpers(uops) + threefry
+        desc = [_WGMMA_DESC] if any(u.op is Ops.WGMMA for u in uops) else []
+        return super().render_helpers(uops) + desc + threefry
+
+    def render(self, uops: list[UOp]) -> str:
+        """CUDA C of `uops`; a kernel with WGMMAs gets its shared memory 1024-byte aligned (the swizzle's pattern
+        repeats every 1024 bytes of address) and each barrier after a `fence.proxy.async` (the wgmma's reads of
+        shared memory are of the async proxy, the copies that filled it of the generic one)."""
+        self._wgmma = any(u.op is Ops.WGMMA for u in uops)
+        try:
+            return super().render(uops)
+        finally:
+            self._wgmma = False
+
+    def render_barrier(self) -> str:
+        """`__syncthreads()`; in a kernel with WGMMAs after `fence.proxy.async.shared::cta`, which orders this
+        thread's writes of shared memory (its copies, landed) before the wgmma's reads of them."""
+        if getattr(self, "_wgmma", False):
+            return f'asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); {self.barrier}'
+        return self.barrier
+
+    def render_gep(self, x: str, lane: int, dtype: DType) -> str:
+        """Lane `lane` of vector expression `x`: a field named by `LANES`, an element of a WGMMA's register array
+        beyond them."""
+        return f"{x}[{lane}]" if dtype.count > len(LANES) else _lane(x, lane, dtype)
 
 
-def _shared_layout(buffers: list[tuple[str, DType, int]]) -> tuple[list[int], int]:
-    """Where each local buffer (name, element dtype, elements) starts in one shared array, and its total bytes."""
+def _shared_layout(buffers: list[tuple[str, DType, int]], align: int = _SHARED_ALIGN) -> tuple[list[int], int]:
+    """Where each local buffer (name, element dtype, elements) starts in one shared array, each `align`-byte
+    aligned, and its total bytes."""
     offsets, end = [], 0
     for _name, dt, size in buffers:
         offsets.append(end)
-        end += -(-size * dt.itemsize // _SHARED_ALIGN) * _SHARED_ALIGN
+        end += -(-size * dt.itemsize // align) * align
     return offsets, end
 
 
 def dynamic_shared_bytes(uops: Sequence[UOp]) -> int:
     """The bytes of dynamic shared memory a kernel of the linear program `uops` is launched with: its local buffers
-    laid out in one array when they exceed what a block may declare statically (`STATIC_SHARED_MAX`), else 0."""
+    laid out in one array when they exceed what a block may declare statically (`STATIC_SHARED_MAX`), else 0; a
+    kernel with WGMMAs always, 1024-byte aligned, with 1024 more to round its start up."""
     buffers = [(u.arg, u.dtype.base, u.dtype.size) for u in uops if u.op is Ops.DEFINE_LOCAL]
+    if any(u.op is Ops.WGMMA for u in uops):
+        return _shared_layout(buffers, WGMMA_SHARED_ALIGN)[1] + WGMMA_SHARED_ALIGN
     total = _shared_layout(buffers)[1]
     return total if total > STATIC_SHARED_MAX else 0
 

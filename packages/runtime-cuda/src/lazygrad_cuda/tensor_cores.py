@@ -1,5 +1,6 @@
-"""The tensor cores of NVIDIA GPUs that lazygrad uses: `mma.sync` warp-level matrix multiply-accumulate, as plain
-data (`TensorCore` descriptions) that codegen applies generically and the PYTHON device emulates.
+"""The tensor cores of NVIDIA GPUs that lazygrad uses: `mma.sync` warp-level matrix multiply-accumulate, and
+Hopper's warpgroup `wgmma.mma_async` (m64nNk16, operands read from shared memory: `TensorCore.shared_operands`), as
+plain data (`TensorCore` descriptions) that codegen applies generically and the PYTHON device emulates.
 
 Layouts follow the PTX ISA's fragment tables for `mma.m16n8k16` and `mma.m16n8k8` with `.f16`/`.bf16` inputs and
 `.f32` accumulators. With lane = 4 * groupID + threadID_in_group (groupID = lane >> 2):
@@ -77,7 +78,31 @@ _TF32 = TensorCore(
 # the TF32 core last: a TC opt's select counts from the first, and the fp16/bf16 cores keep their places
 _AMPERE = (_mma(16, dtypes.float16), _mma(16, dtypes.bfloat16), _mma(8, dtypes.float16), _TF32)
 
-TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"sm_80": _AMPERE, "sm_89": _AMPERE, "sm_90": _AMPERE}
+
+def wgmma_c_layout(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """C (64 x N, fp32) of `wgmma.mma_async` m64nNk16: warp w of the warpgroup holds rows 16w to 16w + 15, as
+    mma.m16n8's C, repeated over the N / 8 groups of 8 columns (register bits 2 and up)."""
+    return ("n1", "n2", "m0", "m1", "m2", "m4", "m5"), ("n0", "m3", *(f"n{b}" for b in range(3, n.bit_length() - 1)))
+
+
+def _wgmma(n: int, dtype_in: object) -> TensorCore:
+    return TensorCore(
+        dims=(n, 64, 16),
+        threads=128,
+        elements_per_thread=(0, 0, n // 2),
+        dtype_in=dtype_in,  # type: ignore[arg-type]
+        dtype_out=dtypes.float32,
+        opts=(f"wgmma.mma_async.sync.aligned.m64n{n}k16",),
+        swizzle=((), (), wgmma_c_layout(n)),
+        shared_operands=True,
+    )
+
+
+# Hopper's warpgroup MMA (sm_90a only: Blackwell has no wgmma), A and B read from shared memory by descriptors; after
+# the mma.sync cores so that their TC select numbers stay, and taken only when named (TC's select, `WGMMA`)
+HOPPER = tuple(_wgmma(n, dt) for dt in (dtypes.float16, dtypes.bfloat16) for n in (128, 256, 64))
+
+TENSOR_CORES: dict[str, tuple[TensorCore, ...]] = {"sm_80": _AMPERE, "sm_89": _AMPERE, "sm_90": _AMPERE + HOPPER}
 """The tensor cores per target (compute capability): `mma.sync` m16n8k16 for fp16 and bf16 and m16n8k8 for fp16,
 accumulating in fp32, and m16n8k8 for float32 inputs rounded to TF32 (used only with `TF32=1`), on Ampere (sm_80),
 Ada (sm_89) and Hopper (sm_90, which also runs the Ampere instructions)."""

@@ -105,6 +105,8 @@ class PythonRenderer(Renderer):
         emulates every layout, which is how it checks other devices' descriptions without their hardware."""
         if not tc.swizzle:
             return "the interpreter emulates tensor cores from their layout (TensorCore.swizzle), and this one has none"
+        if tc.shared_operands and tc.threads % WARP_SIZE == 0:
+            return None  # the interpreter widens its warps to the instruction's group of threads
         if WARP_SIZE % tc.threads:
             return f"it takes {tc.threads} threads, which don't divide the interpreter's {WARP_SIZE}-thread warps"
         return None

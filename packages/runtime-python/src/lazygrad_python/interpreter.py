@@ -31,7 +31,7 @@ from typing import Any
 from lazygrad_python.alu import alu_fn
 from lazygrad_python.numerics import bitcaster, caster, memory, to_value, zero
 from lazygrad_python.program_text import Instr
-from lazygrad_python.tensor_cores import wmma_function
+from lazygrad_python.tensor_cores import shared_wgmma_function, wmma_function
 from lazygrad_uop.dtype import DType, PtrDType
 from lazygrad_uop.ops import GroupOp, Ops
 
@@ -83,7 +83,7 @@ class Interpreter:
         # a tensor core's threads run in one warp: widen the warp to the widest WMMA of the program (AMD's 64)
         wmma_threads = [
             x.arg[4] for x in self.instrs if x.op is Ops.WMMA and isinstance(x.arg, tuple) and len(x.arg) in (7, 8)
-        ]
+        ] + [x.arg[3] for x in self.instrs if x.op is Ops.WGMMA and isinstance(x.arg, tuple) and len(x.arg) == 7]
         self.warp_size = max(warp_size, *wmma_threads) if wmma_threads else warp_size
         ins = self.instrs
         self.globals = sorted((i for i, x in enumerate(ins) if x.op is Ops.DEFINE_GLOBAL), key=lambda i: ins[i].arg)
@@ -486,6 +486,27 @@ class Interpreter:
 
         return ldmatrix
 
+    def _wgmma(self, i: int, x: Instr) -> Step:
+        # a group of threads reads A and B from local memory at the addresses its first thread gives, each by its
+        # `SharedMatrix` layout (the PTX ISA's wgmma descriptors); C comes and goes in registers by layout_C
+        fn = shared_wgmma_function(x.arg)
+        a_buf, a_off, _ = self._memory_operands(i, Instr(Ops.LOAD, x.dtype, x.src[:1], None))
+        b_buf, b_off, _ = self._memory_operands(i, Instr(Ops.LOAD, x.dtype, x.src[1:2], None))
+        for src in x.src[:2]:
+            if self.instrs[self.instrs[src].src[0]].op is not Ops.DEFINE_LOCAL:
+                raise ValueError(f"WGMMA {i} reads its operands from local memory (an INDEX into a DEFINE_LOCAL)")
+        r, c = self.reg[i], self.reg[x.src[2]]
+
+        def wgmma(regs: list[Any], w: _Warp) -> None:
+            if w.mask is not None:
+                raise InterpreterError(f"WGMMA {i} runs on a warp where some threads are inactive")
+            try:
+                regs[r] = fn(regs[a_buf], regs[a_off], regs[b_buf], regs[b_off], regs[c])
+            except (IndexError, ValueError) as exc:
+                raise InterpreterError(f"WGMMA {i}: {exc}") from None
+
+        return wgmma
+
     def _barrier(self, i: int, x: Instr) -> Step:
         def barrier(regs: list[Any], w: _Warp) -> int:
             return _BARRIER
@@ -632,5 +653,6 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.ASYNC_WAIT: Interpreter._async_wait,
     Ops.LDMATRIX: Interpreter._ldmatrix,
     Ops.WMMA: Interpreter._wmma,
+    Ops.WGMMA: Interpreter._wgmma,
     Ops.SHUFFLE_XOR: Interpreter._shuffle_xor,
 }

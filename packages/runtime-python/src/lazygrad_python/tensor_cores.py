@@ -1,4 +1,5 @@
-"""Tensor cores emulated from their descriptions: a `WMMA` UOp run on a warp's registers.
+"""Tensor cores emulated from their descriptions: a `WMMA` UOp run on a warp's registers, and a `WGMMA` UOp, whose
+group of threads reads A and B from local memory itself.
 
 A WMMA's arg is `(name, (N, M, K), dtype_in, dtype_out, threads, (A, B, C elements per thread), layout)` with the
 layout of `lazygrad_uop.device.TensorCore.swizzle`: for each operand, the coordinate bit each bit of the thread index
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lazygrad_python.numerics import normalizer, round_float32_mantissa
+from lazygrad_uop.device import SharedMatrix
 from lazygrad_uop.dtype import dtypes
 
 
@@ -98,6 +100,65 @@ def wmma_function(arg: tuple[Any, ...]) -> Callable[[list[Any], list[Any], list[
             d = [[c[i][j] + sum(a[i][q] * b[q][j] for q in range(k)) for j in range(n)] for i in range(m)]
             for t in range(threads):
                 out[g + t] = tuple(round_out([d[i][j] for i, j in coords_c[t]]))
+        return out
+
+    return run
+
+
+def shared_wgmma_function(arg: tuple[Any, ...]) -> Callable[..., list[Any]]:
+    """The function of one WGMMA instruction over a warp: (A's local memory, each thread's offset into it, B's,
+    likewise, per-thread register tuples of C) in, per-thread tuples of the result out. Each group of `threads`
+    consecutive threads runs one instruction: A (M x K) and B (K x N) are read from local memory at the offset its
+    first thread gives (every thread of the group must give the same), each element where its `SharedMatrix`
+    layout (the arg's last two entries, as (major, lbo, sbo, swizzle)) puts it: the hardware's reading of a wgmma
+    descriptor, written here from the PTX ISA independently of the code generator's tiles. C is laid out by
+    layout_C; products and sums in double precision, rounded to dtype_out once."""
+    try:
+        (n, m, k), dtype_in, dtype_out, threads, lay_c, a_layout, b_layout = arg
+        a_matrix, b_matrix = SharedMatrix(*a_layout), SharedMatrix(*b_layout)
+    except (TypeError, ValueError) as exc:
+        raise TensorCoreLayoutError(
+            "a WGMMA arg is ((N, M, K), dtype_in, dtype_out, threads, layout_C, (major, lbo, sbo, swizzle) of A, "
+            f"the same of B), got {arg!r}: {exc}"
+        ) from None
+    per_c = m * n // threads
+    coords_c = _coords(lay_c, "mn", threads, per_c)
+    if {rc for per_thread in coords_c for rc in per_thread} != {(i, j) for i in range(m) for j in range(n)}:
+        raise TensorCoreLayoutError(f"the layout of C does not cover its {m} x {n} elements")
+    item = dtype_in.itemsize
+    round_out = normalizer(dtype_out)
+
+    def element(mem: Any, matrix: SharedMatrix, start: int, mn: int, kk: int) -> Any:
+        address = matrix.address(start * item, mn, kk, item)
+        if address % item or address < 0:
+            raise IndexError(f"element address {address} of local memory is not one of {dtype_in}")
+        return mem[address // item]
+
+    def run(a_mem: Any, a_offs: list[Any], b_mem: Any, b_offs: list[Any], c_regs: list[Any]) -> list[Any]:
+        width = len(c_regs)
+        if width % threads:
+            raise ValueError(f"a WGMMA of {threads} threads needs a warp of a multiple of {threads}, got {width}")
+        out: list[Any] = [None] * width
+        for g in range(0, width, threads):
+            starts = []
+            for offs, what in ((a_offs, "A"), (b_offs, "B")):
+                group = set(offs[g : g + threads])
+                if len(group) != 1 or None in group:
+                    raise ValueError(f"the threads of one instruction give different origins of {what}: {group}")
+                (start,) = group
+                if (start * item) % 16:
+                    raise ValueError(f"the origin of {what} (element {start}) is not 16-byte aligned")
+                starts.append(start)
+            a = [[element(a_mem, a_matrix, starts[0], i, q) for q in range(k)] for i in range(m)]
+            b = [[element(b_mem, b_matrix, starts[1], j, q) for j in range(n)] for q in range(k)]
+            c: list[list[Any]] = [[None] * n for _ in range(m)]
+            for t, per_thread in enumerate(coords_c):
+                for r, (i, j) in enumerate(per_thread):
+                    c[i][j] = c_regs[g + t][r]
+            for t in range(threads):
+                out[g + t] = tuple(
+                    round_out([c[i][j] + sum(a[i][q] * b[q][j] for q in range(k)) for i, j in coords_c[t]])
+                )
         return out
 
     return run

@@ -85,6 +85,11 @@ DISABLE_COMPILER_CACHE = ContextVar("DISABLE_COMPILER_CACHE", 0)
 # default) keeps float32 exact: such a core is never used. One setting for matmuls and convolutions alike: both are the
 # same kernels here (a convolution is an implicit matmul), so there is nothing to tell them apart by.
 TF32 = ContextVar("TF32", 0)
+# 1 lets the default tiles and BEAM take tensor cores that read their operands from shared memory themselves
+# (`TensorCore.shared_operands`: Hopper's wgmma on sm_90). 0 (the default) until an H100 has run them: their layouts
+# are emulated on the PYTHON device and they compile for sm_90a, but no GPU has checked them yet. Named in opts (TC's
+# select) they run either way.
+WGMMA = ContextVar("WGMMA", 0)
 # threads that run one CPU kernel (the CPU device's), by default every core this process may use
 CPU_THREADS = ContextVar(
     "CPU_THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -420,6 +420,65 @@ class Renderer(abc.ABC):
 
 
 @dataclass(frozen=True)
+class SharedMatrix:
+    """Where a tensor core that reads its operands from local memory itself (Hopper's `wgmma`, a `WGMMA` UOp) finds
+    each element of one operand, as the PTX ISA's shared memory matrix descriptors define it: one of the canonical
+    layouts, in units of 16 bytes ("core matrix" rows of 16 bytes), for an operand of MN x K elements (M x K for A,
+    N x K for B).
+
+    - `major` "k": K-major, 8 rows of MN per core matrix, each row 16 bytes of K. Element (mn, k) is at byte
+      (mn // 8) * sbo + (mn % 8) * row + k * itemsize within a swizzle atom, row = `swizzle` bytes (16 without
+      swizzling, the next 16 bytes of K then `lbo` bytes further on).
+    - `major` "mn": MN-major, rows of `swizzle` bytes of MN (16 without swizzling), 8 rows of K per atom. Element
+      (mn, k) is at byte (mn // per_row) * lbo + (k // 8) * sbo + (k % 8) * row + (mn % per_row) * itemsize.
+    - `swizzle` 128, 64 or 32: the address's bits 4-6 (which 16 bytes of a 128-byte line) are XORed with its bits 7-9
+      (which line of 8), masked to the swizzle's width (3, 2 or 1 bits), as the hardware does on absolute shared
+      addresses; a swizzled operand's layout therefore starts 1024-byte aligned. 0: no swizzling.
+
+    `lbo` and `sbo` are bytes (the descriptor stores them over 16); `lbo` is unused by a swizzled K-major layout."""
+
+    major: str
+    lbo: int
+    sbo: int
+    swizzle: int = 128
+
+    def __post_init__(self) -> None:
+        if self.major not in ("k", "mn"):
+            raise ValueError(f"a shared matrix is K-major ('k') or MN-major ('mn'), got {self.major!r}")
+        if self.swizzle not in (0, 32, 64, 128):
+            raise ValueError(f"swizzle is 0, 32, 64 or 128 bytes, got {self.swizzle!r}")
+        if any(not isinstance(v, int) or v < 0 or v % 16 for v in (self.lbo, self.sbo)):
+            raise ValueError(f"lbo and sbo are byte offsets, multiples of 16: got {self.lbo}, {self.sbo}")
+
+    def address(self, start: int, mn: int, k: int, itemsize: int) -> int:
+        """The byte address of element (mn, k) of the operand whose descriptor starts at byte `start`."""
+        row = self.swizzle or 16
+        per_row = row // itemsize
+        if self.major == "k":
+            if self.swizzle:
+                plain = start + (mn // 8) * self.sbo + (mn % 8) * row + k * itemsize
+            else:
+                plain = (
+                    start + (mn // 8) * self.sbo + (k // per_row) * self.lbo + (mn % 8) * 16 + (k % per_row) * itemsize
+                )
+        else:
+            if self.swizzle:
+                plain = start + (mn // per_row) * self.lbo + (k // 8) * self.sbo + (k % 8) * row
+            else:
+                plain = start + (mn // per_row) * self.sbo + (k // 8) * self.lbo + (k % 8) * 16
+            plain += (mn % per_row) * itemsize
+        return swizzled(plain, self.swizzle)
+
+
+def swizzled(address: int, swizzle: int) -> int:
+    """Byte `address` after the swizzle of `swizzle` bytes (128, 64, 32; 0 none) of `SharedMatrix`."""
+    if not swizzle:
+        return address
+    mask = swizzle // 16 - 1
+    return address ^ (((address >> 7) & mask) << 4)
+
+
+@dataclass(frozen=True)
 class TensorCore:
     """A matrix-multiply-accumulate instruction, C (M x N) += A (M x K) @ B (K x N), executed by `threads` threads
     together, each holding `elements_per_thread` elements of A, B and C.
@@ -437,6 +496,10 @@ class TensorCore:
 
     `opts` is free-form text a device package may attach for its own renderer; the generic code generator ignores it.
 
+    `shared_operands`: the instruction reads A and B from local memory itself (Hopper's warpgroup `wgmma`: 128
+    threads, M = 64), laid out as a `SharedMatrix` each, so a kernel takes it only with its operands staged (STAGE);
+    `swizzle` then gives layout_C alone, as `((), (), layout_C)`, and `elements_per_thread` is (0, 0, C's).
+
     `input_mantissa_bits`, when set, says the core multiplies its inputs rounded to that many explicit mantissa bits
     (round to nearest, ties away from zero; the exponent range of `dtype_in` is kept), not at the full precision of
     `dtype_in`: NVIDIA's TF32 cores take float32 inputs rounded to 10 bits. Such a core computes less exactly than the
@@ -452,6 +515,7 @@ class TensorCore:
     opts: tuple[str, ...] = ()
     swizzle: tuple[Any, ...] = ()
     input_mantissa_bits: int | None = None
+    shared_operands: bool = False
 
     def __post_init__(self) -> None:
         if len(self.dims) != 3 or any(not isinstance(d, int) or d <= 0 for d in self.dims):
@@ -496,6 +560,13 @@ class TensorCore:
         for operand, dims, layout, per_thread in zip(
             "ABC", ("mk", "kn", "mn"), self.swizzle, self.elements_per_thread, strict=True
         ):
+            if self.shared_operands and operand != "C":
+                if layout or per_thread:
+                    raise ValueError(
+                        f"tensor core {self}: its operands are read from local memory (shared_operands), so "
+                        f"layout_{operand} must be () and its elements per thread 0"
+                    )
+                continue
             if len(layout) != 2:
                 raise ValueError(f"tensor core {self}: layout_{operand} must be (thread_bits, register_bits)")
             thread_bits, register_bits = tuple(layout[0]), tuple(layout[1])
@@ -519,7 +590,8 @@ class TensorCore:
 
     def __str__(self) -> str:
         rounded = [] if self.input_mantissa_bits is None else [f"m{self.input_mantissa_bits}"]
-        return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, *rounded, self.dtype_out.name])
+        kind = "WGMMA" if self.shared_operands else "WMMA"
+        return "_".join([kind, *map(str, self.dims), self.dtype_in.name, *rounded, self.dtype_out.name])
 
 
 @dataclass(frozen=True, eq=False)

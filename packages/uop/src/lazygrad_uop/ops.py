@@ -6,7 +6,7 @@
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
    DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, SHUFFLE_XOR,
-   ASYNC_COPY/ASYNC_WAIT, LDMATRIX, ALU ops.
+   ASYNC_COPY/ASYNC_WAIT, LDMATRIX, WGMMA, ALU ops.
 
 The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
 """
@@ -102,6 +102,7 @@ class Ops(Enum):
     ASYNC_COPY = auto()
     ASYNC_WAIT = auto()
     LDMATRIX = auto()
+    WGMMA = auto()
 
     # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's own hashes the
     # member's name in Python, a call that every `op in GroupOp.X` and op-keyed dict paid (about 4x slower).
@@ -181,4 +182,11 @@ OP_DOCS: dict[Ops, str] = {
     " consecutive elements, 16-byte aligned); lane l gets 2 elements per matrix i, at lanes 2i and 2i+1: row l // 4,"
     " columns 2(l % 4) and 2(l % 4) + 1, or with trans those of the transposed matrix; every thread of the warp runs it"
     " together (CUDA ldmatrix.sync.aligned.m8n8, renderers with has_ldmatrix)",
+    Ops.WGMMA: "src=(INDEX into a DEFINE_LOCAL: A's origin, INDEX into a DEFINE_LOCAL: B's origin, C vector[, ordering"
+    " deps]); arg=((N, M, K), dtype_in, dtype_out, threads, layout_C, A's shared layout, B's shared layout): one"
+    " tensor-core instruction whose A (M x K) and B (K x N) the hardware reads from local memory itself, each from"
+    " its origin by a shared layout (major, leading byte offset, stride byte offset, swizzle bytes) as the PTX ISA's"
+    " wgmma matrix descriptors say (`lazygrad_uop.device.SharedMatrix`); C and the result are laid out by layout_C"
+    " (TensorCore.swizzle's third entry); every thread of the group of `threads` consecutive threads runs it together"
+    " (CUDA wgmma.mma_async on sm_90a)",
 }
