@@ -251,3 +251,42 @@ def test_wgmma_cores_only_on_sm90() -> None:
     assert later.tensor_cores and not any(tc.shared_operands for tc in later.tensor_cores)
     why = CUDARenderer("sm_90").tensor_core_problem(CORES[_select(128, dtypes.float16)], "sm_100")
     assert why is not None and "sm_90" in why
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_three_or_more_stages_leave_a_step_running_into_the_next(stages: int) -> None:
+    # with 3+ stages each step's group of instructions runs on past the loop's barrier: the accumulators stay in
+    # the instructions' registers (one array per output tile, never copied), the end of a step waits only for the
+    # step before, and the copies go stages - 2 steps ahead, so that they never overwrite the slot still being read
+    from lazygrad_codegen import staging
+    from lazygrad_cuda.renderer import CUDARenderer
+
+    r = CUDARenderer("sm_90", CORES)
+    case = matmul(1, 256, 256, 512, dtypes.float16)
+    opts = [
+        _tc(128, dtypes.float16),
+        Opt(OptOps.UPCAST, 0, 2),
+        Opt(OptOps.UNROLL, 0, 4),
+        Opt(OptOps.STAGE, None, stages),
+    ]
+    spec = get_program(case.ast, r, opts)
+    k = Kernel(case.ast, r)
+    k.apply_opts(opts)
+    running = staging.in_flight(k)
+    assert running == (stages >= 3)
+    loop = spec.src.index("for (")
+    head, body = spec.src[:loop], spec.src[loop:]
+    # the copies go stages - 1 - running steps ahead: started before the loop, each step's a group of its own (the
+    # last of them committed by the loop's first wait)
+    assert head.count("cp.async.commit_group") == stages - 2 - running
+    if running:
+        assert "float acc0[64]" in head and "wgmma.wait_group.sync.aligned 1;" in body
+        end = body.index("wgmma.wait_group.sync.aligned 1;")
+        assert "wgmma.wait_group.sync.aligned 0;" in body[end:]
+        assert "wgmma.wait_group.sync.aligned 0;" not in body[:end]
+    else:
+        assert "wgmma.wait_group.sync.aligned 1;" not in spec.src
+    # one commit per step for every chain of it
+    assert body.count("wgmma.commit_group") == 1
+    # and the PYTHON device's result is numpy's
+    _run(matmul(1, 128, 128, 256, dtypes.bfloat16), [_tc(128, dtypes.bfloat16), *opts[1:]])

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from typing import ClassVar
 
+from lazygrad_codegen.vectors import REGISTER_ARRAY
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -262,20 +263,26 @@ class CStyleLanguage(Renderer):
         """The statement of a workgroup barrier (`BARRIER`)."""
         return self.barrier
 
-    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, last: bool) -> list[str]:
-        """The statements of a tensor-core instruction that reads A and B from local memory itself (`WGMMA`): the
-        result goes to `name`, a register array the dialect declares; `a` and `b` are the addresses of the operands'
-        origins; `c` the expressions of C's lanes, or None where C is the array `name` itself (the result of the
-        previous instruction of a chain, accumulated in place); `last` says whether this instruction ends its chain
-        (its result is then read by other ops, after `render_wgmma_wait`). Dialects with such tensor cores
-        implement it."""
+    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, first: bool) -> list[str]:
+        """The statements that issue a tensor-core instruction that reads A and B from local memory itself
+        (`WGMMA`): the result goes to `name`, a register array; `a` and `b` are the addresses of the operands'
+        origins; `c` the expressions of C's lanes, copied into a new array `name`, or None where C is the array
+        `name` itself (the result of the previous instruction of a chain, or an accumulator kept in registers,
+        accumulated in place); `first` says whether it starts its chain. Its result is read after
+        `render_wgmma_wait`. Dialects with such tensor cores implement it."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores that read local memory (WGMMA)")
 
-    def render_wgmma_wait(self, arrays: list[tuple[str, int]]) -> list[str]:
-        """The statements that wait for the WGMMA chains whose results go to `arrays` (name, registers): written
-        before the first read of any of them, and before a barrier or the end of a loop, so that the chains of one
-        step run together."""
+    def render_wgmma_wait(self, arrays: list[tuple[str, int]], in_flight: int = 0, commit: bool = True) -> list[str]:
+        """The statements that make the WGMMAs issued since the last wait one group (unless not `commit`) and wait
+        until at most `in_flight` groups are running, naming the arrays (name, registers) they write: written before
+        the first read of a result, before a barrier, and at the end of a loop (there leaving the step's group
+        running where the WGMMAs say so, and waiting for it after the loop)."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor cores that read local memory (WGMMA)")
+
+    def render_register_array(self, name: str, dtype: DType, init: list[str]) -> str:
+        """The declaration of accumulator `name`, a vector of `dtype` kept as one array of registers
+        (`vectors.REGISTER_ARRAY`), with its lanes' initial values `init`."""
+        raise NotImplementedError(f"{type(self).__name__} has no register arrays")
 
     def render_shuffle_xor(self, x: str, offset: int, dtype: DType) -> str:
         """The value of scalar expression `x` of `dtype` in the thread of this one's warp whose lane is this
@@ -407,8 +414,10 @@ class CStyleLanguage(Renderer):
         def line(text: str) -> None:
             lines.append("  " * indent + text)
 
-        # the arrays of WGMMA chains issued and not yet waited for (name: registers)
+        # the arrays of WGMMA chains issued and not yet waited for (name: registers), and whether their group may
+        # stay running at the end of the loop step (the WGMMA's eighth arg entry)
         pending: dict[str, int] = {}
+        running = [0]
 
         def wait() -> None:
             if pending:
@@ -458,9 +467,19 @@ class CStyleLanguage(Renderer):
                 line(f"if ({r[src[0]]}) {{")
                 indent += 1
             elif op in GroupOp.BlockEnd:
-                wait()
-                indent -= 1
-                line("}")
+                if pending and running[0]:
+                    # the step's group runs on into the next step; the one before it is done; after the loop, all
+                    for text in self.render_wgmma_wait(list(pending.items()), running[0]):
+                        line(text)
+                    indent -= 1
+                    line("}")
+                    for text in self.render_wgmma_wait(list(pending.items()), 0, commit=False):
+                        line(text)
+                    pending.clear()
+                else:
+                    wait()
+                    indent -= 1
+                    line("}")
             elif op is Ops.BARRIER:
                 wait()
                 if not self.barrier:
@@ -474,12 +493,18 @@ class CStyleLanguage(Renderer):
             elif op is Ops.LDMATRIX:
                 r[u] = fresh("frag")
                 line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))
+            elif op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]:
+                r[u] = f"acc{u.arg[0]}"
+                init = src[0]
+                lanes_ = [r[s] for s in init.src] if init.op is Ops.VECTORIZE else [r[init]] * u.dtype.count
+                line(self.render_register_array(r[u], u.dtype, lanes_))
             elif op is Ops.DEFINE_ACC:
                 r[u] = f"acc{u.arg[0]}"
                 line(f"{self.render_dtype(u.dtype)} {r[u]} = {r[src[0]]};")
             elif op is Ops.ASSIGN:
                 r[u] = r[src[0]]
-                line(f"{r[u]} = {r[src[1]]};")
+                if r[src[1]] != r[u]:  # (a WGMMA accumulates into its register array in place)
+                    line(f"{r[u]} = {r[src[1]]};")
             elif op is Ops.INDEX:
                 r[u] = f"({r[src[0]]}+{r[src[1]]})"
             elif op is Ops.LOAD:
@@ -492,8 +517,9 @@ class CStyleLanguage(Renderer):
             elif op is Ops.STORE:
                 store = self.render_store(r[src[0]], r[src[1]], src[1].dtype, src[0])
                 line(store if len(src) == 2 else f"if ({r[src[2]]}) {store}")
-            elif op is Ops.VECTORIZE and users[u] and all(x.op is Ops.WGMMA and x.src[2] is u for x in users[u]):
-                r[u] = ""  # the C of a WGMMA chain's first instruction: its lanes are copied into the chain's array
+            elif op is Ops.VECTORIZE and users[u] and all(_lanes_only(x, u) for x in users[u]):
+                r[u] = ""  # the C of a WGMMA chain's first instruction, the initial value of a register array: their
+                # lanes are copied into the array
             elif op is Ops.VECTORIZE:
                 value(u, self.render_vectorize(u.dtype, [r[s] for s in src]), "vec")
             elif op is Ops.GEP:
@@ -516,8 +542,8 @@ class CStyleLanguage(Renderer):
             elif op is Ops.WGMMA:
                 c = src[2]
                 lanes: list[str] | None = None
-                if c.op is Ops.WGMMA and users[c] == [u]:
-                    r[u] = r[c]  # accumulated in place, in the array of the instruction before it
+                if (c.op is Ops.WGMMA and users[c] == [u]) or (c.op is Ops.DEFINE_ACC and REGISTER_ARRAY in c.arg[1:]):
+                    r[u] = r[c]  # accumulated in place, in the array of the instruction before it or the accumulator
                 else:
                     r[u] = fresh("wg")
                     parts = c.src if c.op is Ops.VECTORIZE else (c,)
@@ -527,10 +553,12 @@ class CStyleLanguage(Renderer):
                         for lane in range(p.dtype.count)
                     ]
                 chained = len(users[u]) == 1 and users[u][0].op is Ops.WGMMA and users[u][0].src[2] is u
-                for text in self.render_wgmma(r[u], u, r[src[0]], r[src[1]], lanes, not chained):
+                first = c.op is not Ops.WGMMA
+                for text in self.render_wgmma(r[u], u, r[src[0]], r[src[1]], lanes, first):
                     line(text)
                 if not chained:
                     pending[r[u]] = u.dtype.count
+                    running[0] = u.arg[7] if len(u.arg) > 7 else 0
             elif op is Ops.CAST:
                 value(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
             elif op is Ops.BITCAST:
@@ -541,6 +569,14 @@ class CStyleLanguage(Renderer):
                 raise NotImplementedError(f"{type(self).__name__} can't render {op} yet")
         wait()
         return self.render_kernel(kernel_function_name(uops), self.render_local_memory(shared) + lines, params, uops)
+
+
+def _lanes_only(user: UOp, u: UOp) -> bool:
+    """Whether `user` reads vector `u` only lane by lane, never as a value of its own: the C of a WGMMA, or the
+    initial value of a register array."""
+    if user.op is Ops.WGMMA:
+        return user.src[2] is u
+    return user.op is Ops.DEFINE_ACC and REGISTER_ARRAY in user.arg[1:] and user.src[0] is u
 
 
 class CRenderer(CStyleLanguage):

@@ -44,9 +44,10 @@ from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTErr
 from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.online_reductions import find_online, lower_online, pair_first
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
-from lazygrad_codegen.staging import Stager, grouped_launch
+from lazygrad_codegen.staging import Stager, grouped_launch, in_flight
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import (
+    REGISTER_ARRAY,
     always_valid,
     concat,
     gep,
@@ -695,11 +696,20 @@ class _Lowerer:
         up = _coords(tuple(upcast), tuple(int(k.full_shape[a]) for a in upcast))
         un = _coords(tuple(unroll), tuple(int(k.full_shape[a]) for a in unroll))
         zero = UOp.const(tc.dtype_out, 0)
-        if self.reduce_ranges:
+        running = in_flight(k) if self.reduce_ranges else 0
+        accs: list[UOp] = []
+        if running:
+            # an accumulator per output tile, kept whole in the instructions' registers from step to step
+            for _ in up:
+                accs.append(self._acc(tc.dtype_out, e_c, zero, self.reduce_ranges))
+                accs[-1] = accs[-1].replace(arg=(*accs[-1].arg, REGISTER_ARRAY))
+            cur = list(accs)
+        elif self.reduce_ranges:
             acc = self._acc(tc.dtype_out, len(up) * e_c, zero, self.reduce_ranges)
+            cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
         else:
             acc = vectorize([zero] * (len(up) * e_c))
-        cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
+            cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
         (n, m, kk), layout_c = tc.dims, tc.swizzle[2]
         matrices = {}
         for load in (a_load, b_load):
@@ -708,6 +718,8 @@ class _Lowerer:
             m_ = shared.matrix
             matrices[load] = (m_.major, m_.lbo, m_.sbo, m_.swizzle)
         arg = ((n, m, kk), tc.dtype_in, tc.dtype_out, tc.threads, layout_c, matrices[a_load], matrices[b_load])
+        if running:
+            arg = (*arg, running)
         for u_coord in un:
             for o, o_coord in enumerate(up):
                 coord = {**u_coord, **o_coord}
@@ -715,6 +727,8 @@ class _Lowerer:
                 b = self.stager.origin(b_load, coord)  # type: ignore[arg-type]
                 assert self.stager.ready is not None
                 cur[o] = UOp(Ops.WGMMA, vec(tc.dtype_out, e_c), (a, b, cur[o], self.stager.ready), arg)
+        if running:
+            return concat([UOp(Ops.ASSIGN, a.dtype, (a, c)) for a, c in zip(accs, cur, strict=True)])
         new = concat(cur)
         return UOp(Ops.ASSIGN, acc.dtype, (acc, new)) if self.reduce_ranges else new
 

@@ -19,6 +19,11 @@ step k+1's copies could overwrite what a slower warp still reads for step k). A 
 (`cp.async`) of S stages has S buffers, and copies each step's tiles S-1 steps ahead of its math (`Stager._build`),
 again with one barrier per step.
 
+A tensor core that reads its operands from local memory itself (Hopper's wgmma, `TensorCore.shared_operands`) takes
+its tiles in the layout its descriptors describe (`SharedTile`), and with three or more stages leaves each step's
+instructions running into the next (`in_flight`): its copies then go one step less ahead, since at a step's barrier
+the slot of the step before may still be being read.
+
 Local layout: rows padded by 16 bytes when they are long, so the threads of a warp that read one column of a
 tile (a tensor-core fragment reads 8 rows of 4 words) hit different banks. On tensor cores the buffer keeps the
 global layout of the operand (rows along the reduction for A, along N for B); an FMA kernel puts the reduction
@@ -513,6 +518,17 @@ def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -
     )
 
 
+def in_flight(k: Kernel) -> int:
+    """Groups of WGMMAs a staged kernel on a core that reads local memory itself leaves running at the end of each
+    step (0 or 1): one with three or more stages of asynchronous copies, so that the tensor cores never wait for the
+    loop's barrier and the next step's copies; its accumulators then stay in the instructions' registers across
+    the steps. Its copies run `stages - 2` steps ahead (`Stager._build`)."""
+    tc = k.tensor_core
+    if tc is None or not tc.shared_operands or not k.staged or k.stages < 3:
+        return 0
+    return int(asynchronous_copies(k, plan(k), k.stages))
+
+
 def apply_stage(k: Kernel, stages: int | None = None) -> None:
     """The STAGE opt: checks that it fits `k` on its renderer and marks the kernel staged, or raises KernelOptError.
     `stages` (the opt's arg): 1 for copies and a barrier in each step, 2 or None to pipeline asynchronous copies
@@ -689,7 +705,9 @@ class Stager:
         if not asynchronous_copies(k, list(self.operands.values()), k.stages):
             return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
         sizes = [int(k.full_shape[a]) for a in reduce_axes]
-        steps, ahead = math.prod(sizes), k.stages - 1
+        # with a step's tensor-core instructions left running into the next (`in_flight`), the slot of the step
+        # before is still being read at the barrier: copies go one step less ahead, into the slot of step - 2
+        steps, ahead = math.prod(sizes), k.stages - 1 - in_flight(k)
 
         def indices(step: UOp | int) -> dict[int, UOp]:
             # the reduce indices of `step` in the row-major order of the reduce loops

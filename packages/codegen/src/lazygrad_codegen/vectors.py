@@ -147,6 +147,12 @@ vector_rules = PatternMatcher(
 # *** cutting to the renderer's width ***
 
 
+REGISTER_ARRAY = "registers"
+"""The mark, in a DEFINE_ACC's arg after its number, of an accumulator that WGMMAs accumulate into in place across
+the steps of a loop (their results left in flight from one step to the next): it is not cut into vectors, and a
+C-style renderer declares it as one array."""
+
+
 def _chunks(n: int, width: int) -> list[tuple[int, ...]]:
     return [tuple(range(s, min(s + width, n))) for s in range(0, n, width)]
 
@@ -170,7 +176,8 @@ def _split_alu(ctx: int, x: UOp) -> UOp | None:
 
 def _split_acc(ctx: int, acc: UOp) -> UOp | None:
     width = ctx
-    if acc.dtype.count <= width:
+    # an accumulator a tensor core keeps in its registers across steps (`REGISTER_ARRAY`) stays one
+    if acc.dtype.count <= width or REGISTER_ARRAY in acc.arg[1:]:
         return None
     init, ranges = acc.src[0], acc.src[1:]
     parts = [

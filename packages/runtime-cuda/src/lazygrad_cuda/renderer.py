@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, CStyleLanguage, Workgroup
+from lazygrad_codegen.vectors import REGISTER_ARRAY
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -429,7 +430,7 @@ class CUDARenderer(CStyleLanguage):
 }}"""
         return fn, body
 
-    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, last: bool) -> list[str]:
+    def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, first: bool) -> list[str]:
         """One `wgmma.mma_async.sync.aligned.m64nNk16.f32` by the warpgroup, A and B by descriptors built from their
         origins and `SharedMatrix` layouts (K-major, or MN-major with the instruction's transpose flag); C in the float
         array `name`. A chain's first instruction declares the array, copies C's lanes into it and fences
@@ -437,12 +438,13 @@ class CUDARenderer(CStyleLanguage):
         a chain's instructions pipeline on the tensor cores; the last commits them as a group, and the chains of a step
         are waited for together before their results are read (`render_wgmma_wait`). The fences and the wait take the
         arrays' registers as operands, so that the compiler moves no read or write of them across."""
-        (n, _m, _k), dtype_in, _dtype_out, _threads, _layout, a_matrix, b_matrix = wgmma.arg
+        (n, _m, _k), dtype_in, _dtype_out, _threads, _layout, a_matrix, b_matrix = wgmma.arg[:7]
         regs = n // 2
         operands = ", ".join(f'"+f"({name}[{i}])' for i in range(regs))
         out = []
         if c is not None:
             out.append(f"float {name}[{regs}] = {{{', '.join(c)}}};")
+        if first:
             out.append(f'asm volatile("wgmma.fence.sync.aligned;" : {operands} :: "memory");')
         descs = []
         for ptr, (_major, lbo, sbo, swizzle) in ((a, a_matrix), (b, b_matrix)):
@@ -455,19 +457,21 @@ class CUDARenderer(CStyleLanguage):
             f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_in}.{ptx_in} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, "
             f'{trans_a}, {trans_b};\\n}}" : {operands} : "l"({descs[0]}), "l"({descs[1]}), "r"(1));'
         )
-        if last:
-            out.append('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
         return out
 
-    def render_wgmma_wait(self, arrays: list[tuple[str, int]]) -> list[str]:
-        """`wgmma.wait_group 0` for every committed chain, with the chains' registers as its operands (one asm
-        statement per chain, the first waits)."""
-        out = []
+    def render_wgmma_wait(self, arrays: list[tuple[str, int]], in_flight: int = 0, commit: bool = True) -> list[str]:
+        """`wgmma.commit_group` and `wgmma.wait_group in_flight`, with the chains' registers as its operands (one asm
+        statement per chain, the first waits), so that no read or write of them moves across."""
+        out = ['asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");'] if commit else []
         for n, (name, regs) in enumerate(arrays):
             operands = ", ".join(f'"+f"({name}[{i}])' for i in range(regs))
-            text = "wgmma.wait_group.sync.aligned 0;" if n == 0 else ""
+            text = f"wgmma.wait_group.sync.aligned {in_flight};" if n == 0 else ""
             out.append(f'asm volatile("{text}" : {operands} :: "memory");')
         return out
+
+    def render_register_array(self, name: str, dtype: DType, init: list[str]) -> str:
+        """`float name[n] = {...};`: a WGMMA's accumulator kept in its registers across the steps of a loop."""
+        return f"{self.render_dtype(dtype.scalar())} {name}[{dtype.count}] = {{{', '.join(init)}}};"
 
     def _render_tf32_mma(self, fn: str) -> str:
         """The device function `fn` of one mma.sync.m16n8k8 with .tf32 inputs: A's 4 and B's 2 floats rounded to TF32
@@ -564,6 +568,9 @@ class CUDARenderer(CStyleLanguage):
         """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""
         # (a WGMMA's result, and the C it takes, are float arrays, not vector types)
         wide = {u for u in uops if u.op is Ops.WGMMA} | {u.src[2] for u in uops if u.op is Ops.WGMMA}
+        wide |= {u for u in uops if u.op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]}
+        wide |= {u.src[0] for u in uops if u.op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]}
+        wide |= {u for u in uops if u.op is Ops.ASSIGN and u.src[0] in wide}
         dts = {u.dtype for u in uops if u not in wide} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
         scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
         out: list[str] = []

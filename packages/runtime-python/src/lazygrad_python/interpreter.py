@@ -83,7 +83,7 @@ class Interpreter:
         # a tensor core's threads run in one warp: widen the warp to the widest WMMA of the program (AMD's 64)
         wmma_threads = [
             x.arg[4] for x in self.instrs if x.op is Ops.WMMA and isinstance(x.arg, tuple) and len(x.arg) in (7, 8)
-        ] + [x.arg[3] for x in self.instrs if x.op is Ops.WGMMA and isinstance(x.arg, tuple) and len(x.arg) == 7]
+        ] + [x.arg[3] for x in self.instrs if x.op is Ops.WGMMA and isinstance(x.arg, tuple) and len(x.arg) in (7, 8)]
         self.warp_size = max(warp_size, *wmma_threads) if wmma_threads else warp_size
         ins = self.instrs
         self.globals = sorted((i for i, x in enumerate(ins) if x.op is Ops.DEFINE_GLOBAL), key=lambda i: ins[i].arg)

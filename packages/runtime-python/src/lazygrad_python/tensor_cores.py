@@ -114,7 +114,11 @@ def shared_wgmma_function(arg: tuple[Any, ...]) -> Callable[..., list[Any]]:
     descriptor, written here from the PTX ISA independently of the code generator's tiles. C is laid out by
     layout_C; products and sums in double precision, rounded to dtype_out once."""
     try:
-        (n, m, k), dtype_in, dtype_out, threads, lay_c, a_layout, b_layout = arg
+        # (an eighth entry, the groups the hardware may leave running at a step's end, changes nothing here: each
+        # instruction runs to completion when reached)
+        (n, m, k), dtype_in, dtype_out, threads, lay_c, a_layout, b_layout = arg[:7]
+        if len(arg) > 8:
+            raise ValueError("too many entries")
         a_matrix, b_matrix = SharedMatrix(*a_layout), SharedMatrix(*b_layout)
     except (TypeError, ValueError) as exc:
         raise TensorCoreLayoutError(
