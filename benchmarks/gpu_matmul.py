@@ -96,8 +96,9 @@ def _matmul_row(torch, rng, dtype, n: int, runs: int, target: float, label: str 
     if torch is not None:
         tdt = _torch_dtype(torch, dtype)
         ta, tb = torch.from_numpy(a_np).cuda().to(tdt), torch.from_numpy(b_np).cuda().to(tdt)
-        # the whole product (a slice would be another kernel, maybe on other tiles)
-        got = (a @ b).cast(dtypes.float32).numpy()
+        # the whole product, realized as timed (a slice, or a cast fused into it, would be another kernel, maybe on
+        # other tiles)
+        got = (a @ b).realize().cast(dtypes.float32).numpy()
         np.testing.assert_allclose(got, (ta @ tb).float().cpu().numpy(), rtol=3e-2, atol=1.0)
         t_ref = torch_seconds(torch, lambda: ta @ tb, runs)
     return (f"matmul {dtype.name} {n}^3{' ' + label if label else ''}", t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", target)

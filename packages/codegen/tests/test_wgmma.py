@@ -290,3 +290,20 @@ def test_three_or_more_stages_leave_a_step_running_into_the_next(stages: int) ->
     assert body.count("wgmma.commit_group") == 1
     # and the PYTHON device's result is numpy's
     _run(matmul(1, 128, 128, 256, dtypes.bfloat16), [_tc(128, dtypes.bfloat16), *opts[1:]])
+
+
+def test_wgmma_default_loads_under_a_64th_of_a_byte_per_flop() -> None:
+    # the offline tiling measure of issue 14 on the wgmma default tile (fp16 4096^3 on sm_90): each element loaded
+    # from global memory is used 128 (A) or 256 (B) times, 1/85 byte per FLOP
+    from lazygrad_codegen.memory_traffic import global_load_bytes
+    from lazygrad_cuda.renderer import CUDARenderer
+
+    n = 4096
+    r = CUDARenderer("sm_90", CORES)
+    with Context(WGMMA=1):
+        k = hand_coded_optimizations(Kernel(matmul(1, n, n, n, dtypes.float16).ast, r))
+    spec = get_program(k.ast, r, k.applied_opts)
+    assert Ops.WGMMA in [u.op for u in spec.uops]
+    loaded = global_load_bytes(spec.uops, spec.global_size, spec.local_size)
+    assert loaded == (n * n * n // 256 + n * n * n // 128) * 2  # A once per column of tiles, B once per row
+    assert loaded / (2 * n**3) <= 1 / 64

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 
 from lazygrad_codegen.kernel import AxisType, Kernel, KernelOptError, Opt, OptOps, warp_size
-from lazygrad_codegen.staging import TILE_TYPES, address_strides, staged_loads
+from lazygrad_codegen.staging import TILE_TYPES, address_strides, plan, staged_loads
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
 from lazygrad_uop.views import ShapeTracker
@@ -466,7 +466,11 @@ def wgmma_tiles(k: Kernel, stages: tuple[int, ...] = DEEP_STAGES) -> list[Kernel
                     staged.apply_opt(Opt(OptOps.STAGE, None, n_stages))
                 except KernelOptError:
                     continue
-                out.append(staged)
+                # only where both operands are copied 16 bytes at a time, asynchronously: narrower copies (an
+                # unaligned window of a convolution) would starve the instruction, which the mma.sync tiles feed
+                # from registers instead
+                if all(o.vector * o.load.dtype.itemsize == 16 for o in plan(staged)):
+                    out.append(staged)
                 break
     return out
 
