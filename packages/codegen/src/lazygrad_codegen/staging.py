@@ -65,6 +65,11 @@ SHARED_ROW_BYTES = (128, 64, 32)
 that divides the tile's K extent (a 64-element step of fp16 fills 128-byte rows)."""
 
 
+SHARED_ALIGN_SLACK = 1024
+"""Bytes of local memory a kernel on a core that reads it itself may lose to aligning its buffers' start to the
+swizzle's 1024-byte pattern (the CUDA renderer rounds the start of its shared memory up)."""
+
+
 @dataclass(frozen=True)
 class SharedTile:
     """The layout of an operand that the tensor core reads from local memory itself (`TensorCore.shared_operands`):
@@ -561,6 +566,8 @@ def apply_stage(k: Kernel, stages: int | None = None) -> None:
             "(16-, 8- or 4-byte vectors of contiguous, aligned elements): use 1 or 2 stages"
         )
     need = sum(o.bytes for o in operands)
+    if k.tensor_core is not None and k.tensor_core.shared_operands:
+        need += SHARED_ALIGN_SLACK
     if need > r.shared_max:
         raise KernelOptError(
             f"staging needs {need} bytes of local memory, over the renderer's shared_max {r.shared_max}"
