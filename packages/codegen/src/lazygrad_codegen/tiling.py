@@ -425,9 +425,9 @@ WGMMA_K = (4, 2)
 """UNROLL of the K step on wgmma tiles: 64 elements a step (fp16 rows of 128 bytes, the widest swizzle), or 32."""
 
 
-def _shared_core_kernels(k: Kernel) -> list[Kernel]:
-    """`k` with each tensor core that reads its operands from shared memory and fits it (TC opt, padding allowed),
-    in the renderer's order."""
+def _shared_core_kernels(k: Kernel, pad: int) -> list[Kernel]:
+    """`k` with each tensor core that reads its operands from shared memory and fits it (TC opt, padding its axes to
+    the core's tile where `pad`), in the renderer's order."""
     out = []
     for select, tc in enumerate(k.renderer.tensor_cores):
         if not tc.shared_operands:
@@ -435,7 +435,7 @@ def _shared_core_kernels(k: Kernel) -> list[Kernel]:
         for match in range(TC_MATCHES):
             trial = k.copy()
             try:
-                trial.apply_opt(Opt(OptOps.TC, match, (select, 1)))
+                trial.apply_opt(Opt(OptOps.TC, match, (select, pad)))
             except KernelOptError:
                 continue
             out.append(trial)
@@ -445,15 +445,36 @@ def _shared_core_kernels(k: Kernel) -> list[Kernel]:
 
 def wgmma_tiles(k: Kernel, stages: tuple[int, ...] = DEEP_STAGES) -> list[Kernel]:
     """Staged tiles of the matmul-like kernel `k` (no opts yet) on tensor cores that read shared memory, in the
-    order of `WGMMA_TILES` and `WGMMA_K`, each with the deepest of `stages` that fits the shared memory: empty
-    unless `WGMMA=1` and the renderer has such a core that fits."""
+    order of `WGMMA_TILES` and `WGMMA_K`, each with the deepest of `stages` that fits the shared memory; first those
+    whose padding to the core's tile adds at most 1/`PAD_WASTE` of the work (a convolution's 64 output channels take
+    the N = 64 core rather than twice the work on the default's; a weight gradient's 576 the N = 128 one, padded
+    to 640), then the others, least padded first: empty unless `WGMMA=1` and the renderer has such a core that
+    fits."""
     from lazygrad_uop.config import WGMMA
 
     if not WGMMA or not any(tc.shared_operands for tc in k.renderer.tensor_cores):
         return []
-    cores = {trial.tensor_core.dims[0]: trial for trial in _shared_core_kernels(k) if trial.tensor_core is not None}
+    work = math.prod(int(s) for s in k.full_shape)
+    ranked: list[tuple[int, Kernel]] = []
+    for pad in (0, 1):
+        cores = {t.tensor_core.dims[0]: t for t in _shared_core_kernels(k, pad) if t.tensor_core is not None}
+        for rank, tile in _shared_tiles(cores, stages):
+            if tile.applied_opts not in [o.applied_opts for _, o in ranked]:
+                ranked.append((rank, tile))
+
+    def key(rt: tuple[int, Kernel]) -> tuple[float, int]:
+        # the cheap ones by rank (at one rank the unpadded first: the sort is stable), then by the work they add
+        ratio = math.prod(int(s) for s in rt[1].full_shape) / work
+        return (0.0 if ratio * PAD_WASTE <= PAD_WASTE + 1 else ratio, rt[0])
+
+    return [t for _, t in sorted(ranked, key=key)]
+
+
+def _shared_tiles(cores: dict[int, Kernel], stages: tuple[int, ...]) -> list[tuple[int, Kernel]]:
+    """The tiles of `WGMMA_TILES` and `WGMMA_K` on the kernels `cores` (by the core's N) that stage, each with its
+    rank in that order."""
     out = []
-    for n, lm, m in WGMMA_TILES:
+    for rank, (n, lm, m) in enumerate(WGMMA_TILES):
         if n not in cores:
             continue
         for unroll in WGMMA_K:
@@ -470,7 +491,7 @@ def wgmma_tiles(k: Kernel, stages: tuple[int, ...] = DEEP_STAGES) -> list[Kernel
                 # unaligned window of a convolution) would starve the instruction, which the mma.sync tiles feed
                 # from registers instead
                 if all(o.vector * o.load.dtype.itemsize == 16 for o in plan(staged)):
-                    out.append(staged)
+                    out.append((rank * len(WGMMA_K) + WGMMA_K.index(unroll), staged))
                 break
     return out
 
