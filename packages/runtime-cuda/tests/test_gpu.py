@@ -243,6 +243,50 @@ def _wgmma_case(batch: int, m: int, n: int, k: int, dtype: DType, a_t: bool, b_t
     return ast, stored, want
 
 
+def _wgmma_probe(run, shape: tuple[int, int, int, int], dtype: DType, a_t: bool, b_t: bool) -> str:
+    """Which element of A and of B a wrong matmul kernel read in place of each: `run(a, b)` runs it on stored
+    inputs. A holding its own row (then column) index times a 0/1 B that picks column k of A into output column k
+    shows, at C[m][k], the A element the hardware took for (m, k); the same for B with a 0/1 A. The first few
+    misplaced elements of each operand are listed: what a layout fix needs to know."""
+    batch, m, n, k = shape
+
+    def stored(x: np.ndarray, transposed: bool) -> np.ndarray:
+        x = x.transpose(0, 2, 1) if transposed else x
+        return _bf16_bits(x) if dtype == dtypes.bfloat16 else x.astype(np.float16)
+
+    lines = []
+    eye_b = np.zeros((batch, k, n), np.float32)
+    eye_a = np.zeros((batch, m, k), np.float32)
+    for i in range(min(k, n)):
+        eye_b[:, i, i] = 1
+    for i in range(min(m, k)):
+        eye_a[:, i, i] = 1
+    # A: rows and columns of A read through B's 0/1 picks, C[:, :, :min(k, n)]
+    rows_a = np.broadcast_to(np.arange(m, dtype=np.float32)[None, :, None], (batch, m, k)).copy()
+    cols_a = np.broadcast_to(np.arange(k, dtype=np.float32)[None, None, :], (batch, m, k)).copy()
+    got_r = run(stored(rows_a, a_t), stored(eye_b, b_t))[:, :, : min(k, n)]
+    got_c = run(stored(cols_a, a_t), stored(eye_b, b_t))[:, :, : min(k, n)]
+    bad = [
+        f"A({i},{j}) read as A({int(got_r[0, i, j])},{int(got_c[0, i, j])})"
+        for i in range(m)
+        for j in range(min(k, n))
+        if (got_r[0, i, j], got_c[0, i, j]) != (i, j)
+    ]
+    lines.append(f"A: {len(bad)} of {m * min(k, n)} misplaced; " + "; ".join(bad[:8]))
+    rows_b = np.broadcast_to(np.arange(k, dtype=np.float32)[None, :, None], (batch, k, n)).copy()
+    cols_b = np.broadcast_to(np.arange(n, dtype=np.float32)[None, None, :], (batch, k, n)).copy()
+    got_r = run(stored(eye_a, a_t), stored(rows_b, b_t))[:, : min(m, k), :]
+    got_c = run(stored(eye_a, a_t), stored(cols_b, b_t))[:, : min(m, k), :]
+    bad = [
+        f"B({i},{j}) read as B({int(got_r[0, i, j])},{int(got_c[0, i, j])})"
+        for i in range(min(m, k))
+        for j in range(n)
+        if (got_r[0, i, j], got_c[0, i, j]) != (i, j)
+    ]
+    lines.append(f"B: {len(bad)} of {min(m, k) * n} misplaced; " + "; ".join(bad[:8]))
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
 @pytest.mark.parametrize(("a_t", "b_t"), [(False, False), (True, False), (False, True), (True, True)])
 def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t: bool) -> None:
@@ -292,7 +336,14 @@ def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t
             spec = get_program(ast, renderer, opts)
         assert "wgmma.mma_async" in spec.src, (shape, spec.opts)
         prog = gpu.load_program(spec.name, gpu.compiler.compile(spec.src))
-        out = np.zeros(want.shape, np.float32)
-        bufs = [_to_gpu(gpu, out), _to_gpu(gpu, a), _to_gpu(gpu, b)]
-        prog(*bufs, global_size=spec.global_size, local_size=spec.local_size, wait=True)
-        np.testing.assert_array_equal(_from_gpu(gpu, bufs[0], out), want, err_msg=f"{shape} {spec.opts}")
+
+        def run(a_stored: np.ndarray, b_stored: np.ndarray, prog=prog, spec=spec, shape=want.shape) -> np.ndarray:
+            out = np.zeros(shape, np.float32)
+            bufs = [_to_gpu(gpu, out), _to_gpu(gpu, a_stored), _to_gpu(gpu, b_stored)]
+            prog(*bufs, global_size=spec.global_size, local_size=spec.local_size, wait=True)
+            return _from_gpu(gpu, bufs[0], out)
+
+        got = run(a, b)
+        if not np.array_equal(got, want):
+            probe = _wgmma_probe(run, shape, dtype, a_t, b_t)
+            pytest.fail(f"{shape} {spec.opts}: wrong result; what the hardware read:\n{probe}")
