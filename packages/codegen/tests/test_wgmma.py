@@ -307,3 +307,24 @@ def test_wgmma_default_loads_under_a_64th_of_a_byte_per_flop() -> None:
     loaded = global_load_bytes(spec.uops, spec.global_size, spec.local_size)
     assert loaded == (n * n * n // 256 + n * n * n // 128) * 2  # A once per column of tiles, B once per row
     assert loaded / (2 * n**3) <= 1 / 64
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    m=st_.sampled_from([64, 128, 192, 256]),
+    n=st_.sampled_from([64, 128, 256, 200]),
+    k=st_.sampled_from([64, 128, 192, 80]),
+    batch=st_.integers(1, 2),
+    dtype=st_.sampled_from([dtypes.float16, dtypes.bfloat16]),
+    a_t=st_.booleans(),
+    b_t=st_.booleans(),
+)
+def test_default_tiles_with_wgmma_on_random_shapes_match_numpy(
+    m: int, n: int, k: int, batch: int, dtype: DType, a_t: bool, b_t: bool
+) -> None:
+    # whatever tile WGMMA=1's default takes (wgmma where one fits, mma.sync otherwise), the result is numpy's
+    case = matmul(batch, m, n, k, dtype, a_t, b_t)
+    with Context(WGMMA=1):
+        k_ = hand_coded_optimizations(Kernel(case.ast, HOPPER))
+    out, spec = run_python(case.ast, HOPPER, k_.applied_opts, case.inputs)
+    check(case, out, f"{case.name} {spec.opts}")
