@@ -32,6 +32,9 @@ load, and the staged kernel drops the select (`without_padding_selects`). FMA ti
 renderers that declare warps (`warp_size`: CUDA, GPU targets of the PYTHON device), tensor-core tiles wherever a
 tensor core fits. Kernels too small for a tile (an M or N axis under 16,
 a reduction under 16) and kernels on which STAGE does not fit are left to the general heuristics.
+
+With `WGMMA=1`, a renderer with tensor cores that read their operands from shared memory (Hopper's wgmma) takes
+`wgmma_tiles` first where one fits: two warpgroups of 64 x 256 outputs, a 64-element step, 4 stages (`WGMMA_TILES`).
 """
 
 from __future__ import annotations
