@@ -7,10 +7,11 @@ batched fp16 and fp32 matmul (16 x 1024 x 1024 x 1024), and every convolution of
 the 3x3 layers, the 1x1 downsampling ones) forward, input gradient and weight gradient, in fp16 and fp32. Every
 program those schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: the
 workgroup's threads, its local (shared) memory in bytes and pipeline stages (STAGE's), registers per thread / bytes of
-spill stores and loads together. Target (issue 14): zero spills on both architectures.
+spill stores and loads together. Target (issue 14): zero spills on both architectures. `--wgmma` renders for sm_90
+with `WGMMA=1` (Hopper's wgmma tiles where they fit; the `wgmma` column says which) and compiles for sm_90 alone.
 `packages/runtime-cuda/tests/test_staged_kernels.py` checks a representative part of the set in the test suite.
 
-    python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90]
+    python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90] [--wgmma]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lazygrad_codegen import OptOps, get_program
 from lazygrad_cuda.compiler import ptxas_usage
 from lazygrad_cuda.renderer import CUDARenderer
 from lazygrad_cuda.tensor_cores import TENSOR_CORES
+from lazygrad_uop.config import Context
 from lazygrad_uop.dtype import DType
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.registry import Device
@@ -78,16 +80,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="only the workloads whose name contains this")
     parser.add_argument("--arch", action="append", help="architectures (default sm_80 and sm_90)")
+    parser.add_argument("--wgmma", action="store_true", help="sm_90 with WGMMA=1 (Hopper's wgmma tiles)")
     # `nox -s bench` passes its arguments to every script: the ones meant for the others are ignored
     args, _ = parser.parse_known_args()
-    archs = args.arch or ["sm_80", "sm_90"]
+    archs = ["sm_90"] if args.wgmma else args.arch or ["sm_80", "sm_90"]
     dev = Device["PYTHON"]
-    renderer = CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    renderer = (
+        CUDARenderer("sm_90", TENSOR_CORES["sm_90"]) if args.wgmma else CUDARenderer("sm_80", TENSOR_CORES["sm_80"])
+    )
     dev.use_renderer(renderer)
     print(
-        f"{'workload':44s} {'program':40s} {'local':>10s} {'smem':>7s} {'stages':>6s} "
+        f"{'workload':44s} {'program':40s} {'local':>10s} {'smem':>7s} {'stages':>6s} {'wgmma':>5s} "
         + " ".join(f"{a + ' regs/spill':>17s}" for a in archs)
     )
+    with Context(WGMMA=int(args.wgmma)):
+        _report(args, archs, renderer)
+
+
+def _report(args: argparse.Namespace, archs: list[str], renderer: CUDARenderer) -> None:
+    """One row per program of the workloads `args.only` selects, compiled for `archs`."""
     spilled, programs, st = 0, 0, time.perf_counter()
     for name, build in workloads():
         if args.only not in name:
@@ -106,7 +117,8 @@ def main() -> None:
             smem = sum(u.dtype.size * u.dtype.base.itemsize for u in spec.uops if u.op is Ops.DEFINE_LOCAL)
             staged = [o for o in spec.opts if o.op is OptOps.STAGE]
             stages = "-" if not staged else str(staged[-1].arg or 2)
-            row = f"{name:44s} {spec.name[:40]:40s} {local:>10s} {smem:>7d} {stages:>6s} "
+            wgmma = "yes" if any(u.op is Ops.WGMMA for u in spec.uops) else "-"
+            row = f"{name:44s} {spec.name[:40]:40s} {local:>10s} {smem:>7d} {stages:>6s} {wgmma:>5s} "
             print(row + " ".join(cells), flush=True)
     print(f"{programs} programs, {spilled} (program, arch) pairs with spills, {time.perf_counter() - st:.0f} s")
 

@@ -417,7 +417,7 @@ class CStyleLanguage(Renderer):
         # the arrays of WGMMA chains issued and not yet waited for (name: registers), and whether their group may
         # stay running at the end of the loop step (the WGMMA's eighth arg entry)
         pending: dict[str, int] = {}
-        running = [0]
+        running = 0
 
         def wait() -> None:
             if pending:
@@ -467,9 +467,9 @@ class CStyleLanguage(Renderer):
                 line(f"if ({r[src[0]]}) {{")
                 indent += 1
             elif op in GroupOp.BlockEnd:
-                if pending and running[0]:
+                if pending and running and op is Ops.END:
                     # the step's group runs on into the next step; the one before it is done; after the loop, all
-                    for text in self.render_wgmma_wait(list(pending.items()), running[0]):
+                    for text in self.render_wgmma_wait(list(pending.items()), running):
                         line(text)
                     indent -= 1
                     line("}")
@@ -558,7 +558,7 @@ class CStyleLanguage(Renderer):
                     line(text)
                 if not chained:
                     pending[r[u]] = u.dtype.count
-                    running[0] = u.arg[7] if len(u.arg) > 7 else 0
+                    running = u.arg[7] if len(u.arg) > 7 else 0
             elif op is Ops.CAST:
                 value(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
             elif op is Ops.BITCAST:

@@ -433,10 +433,10 @@ class CUDARenderer(CStyleLanguage):
     def render_wgmma(self, name: str, wgmma: UOp, a: str, b: str, c: list[str] | None, first: bool) -> list[str]:
         """One `wgmma.mma_async.sync.aligned.m64nNk16.f32` by the warpgroup, A and B by descriptors built from their
         origins and `SharedMatrix` layouts (K-major, or MN-major with the instruction's transpose flag); C in the float
-        array `name`. A chain's first instruction declares the array, copies C's lanes into it and fences
-        (`wgmma.fence`: the registers were written by ordinary instructions); each instruction then only issues, so
-        a chain's instructions pipeline on the tensor cores; the last commits them as a group, and the chains of a step
-        are waited for together before their results are read (`render_wgmma_wait`). The fences and the wait take the
+        array `name`. A chain's first instruction declares the array and copies C's lanes into it (unless it
+        accumulates into a register array in place), and fences (`wgmma.fence`: the registers were written by
+        ordinary instructions); each instruction then only issues, so that a step's instructions pipeline on the
+        tensor cores, committed as one group and waited for by `render_wgmma_wait`. The fences and the waits take the
         arrays' registers as operands, so that the compiler moves no read or write of them across."""
         (n, _m, _k), dtype_in, _dtype_out, _threads, _layout, a_matrix, b_matrix = wgmma.arg[:7]
         regs = n // 2
@@ -541,7 +541,7 @@ class CUDARenderer(CStyleLanguage):
         """`__shared__` arrays while they fit the static limit; else pointers into one `extern __shared__` array,
         each buffer 16-byte aligned in it (see `dynamic_shared_bytes`). A kernel with WGMMAs always takes the array,
         its start rounded up to 1024 bytes of shared address and each buffer 1024-byte aligned in it."""
-        wgmma = getattr(self, "_wgmma", False)
+        wgmma = self._wgmma
         offsets, total = _shared_layout(buffers, WGMMA_SHARED_ALIGN if wgmma else _SHARED_ALIGN)
         if total <= STATIC_SHARED_MAX and not wgmma:
             return super().render_local_memory(buffers)
@@ -603,6 +603,9 @@ class CUDARenderer(CStyleLanguage):
         desc = [_WGMMA_DESC] if any(u.op is Ops.WGMMA for u in uops) else []
         return super().render_helpers(uops) + desc + threefry
 
+    # whether the program being rendered has WGMMAs (set by `render` for its own duration)
+    _wgmma: bool = False
+
     def render(self, uops: list[UOp]) -> str:
         """CUDA C of `uops`; a kernel with WGMMAs gets its shared memory 1024-byte aligned (the swizzle's pattern
         repeats every 1024 bytes of address) and each barrier after a `fence.proxy.async` (the wgmma's reads of
@@ -616,7 +619,7 @@ class CUDARenderer(CStyleLanguage):
     def render_barrier(self) -> str:
         """`__syncthreads()`; in a kernel with WGMMAs after `fence.proxy.async.shared::cta`, which orders this
         thread's writes of shared memory (its copies, landed) before the wgmma's reads of them."""
-        if getattr(self, "_wgmma", False):
+        if self._wgmma:
             return f'asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); {self.barrier}'
         return self.barrier
 
