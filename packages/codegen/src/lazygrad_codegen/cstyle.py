@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from typing import ClassVar
 
-from lazygrad_codegen.vectors import REGISTER_ARRAY
+from lazygrad_codegen.vectors import register_array
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -467,19 +467,20 @@ class CStyleLanguage(Renderer):
                 line(f"if ({r[src[0]]}) {{")
                 indent += 1
             elif op in GroupOp.BlockEnd:
-                if pending and running and op is Ops.END:
-                    # the step's group runs on into the next step; the one before it is done; after the loop, all
+                # a loop's step may leave its group running into the next (the one before it is then done), and
+                # waits for it after the loop
+                runs_on = bool(pending and running and op is Ops.END)
+                if runs_on:
                     for text in self.render_wgmma_wait(list(pending.items()), running):
                         line(text)
-                    indent -= 1
-                    line("}")
+                else:
+                    wait()
+                indent -= 1
+                line("}")
+                if runs_on:
                     for text in self.render_wgmma_wait(list(pending.items()), 0, commit=False):
                         line(text)
                     pending.clear()
-                else:
-                    wait()
-                    indent -= 1
-                    line("}")
             elif op is Ops.BARRIER:
                 wait()
                 if not self.barrier:
@@ -493,7 +494,7 @@ class CStyleLanguage(Renderer):
             elif op is Ops.LDMATRIX:
                 r[u] = fresh("frag")
                 line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))
-            elif op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]:
+            elif register_array(u):
                 r[u] = f"acc{u.arg[0]}"
                 init = src[0]
                 lanes_ = [r[s] for s in init.src] if init.op is Ops.VECTORIZE else [r[init]] * u.dtype.count
@@ -542,7 +543,7 @@ class CStyleLanguage(Renderer):
             elif op is Ops.WGMMA:
                 c = src[2]
                 lanes: list[str] | None = None
-                if (c.op is Ops.WGMMA and users[c] == [u]) or (c.op is Ops.DEFINE_ACC and REGISTER_ARRAY in c.arg[1:]):
+                if (c.op is Ops.WGMMA and users[c] == [u]) or register_array(c):
                     r[u] = r[c]  # accumulated in place, in the array of the instruction before it or the accumulator
                 else:
                     r[u] = fresh("wg")
@@ -576,7 +577,7 @@ def _lanes_only(user: UOp, u: UOp) -> bool:
     initial value of a register array."""
     if user.op is Ops.WGMMA:
         return user.src[2] is u
-    return user.op is Ops.DEFINE_ACC and REGISTER_ARRAY in user.arg[1:] and user.src[0] is u
+    return register_array(user) and user.src[0] is u
 
 
 class CRenderer(CStyleLanguage):

@@ -44,7 +44,7 @@ from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, Kernel, KernelASTErr
 from lazygrad_codegen.launch import fitted_indices
 from lazygrad_codegen.online_reductions import find_online, lower_online, pair_first
 from lazygrad_codegen.selection import affine_fit, axes_read, find_selection, solve
-from lazygrad_codegen.staging import Stager, grouped_launch, in_flight
+from lazygrad_codegen.staging import Stager, grouped_launch, staged_loads
 from lazygrad_codegen.tensor_cores import coordinate, layouts, wmma_arg
 from lazygrad_codegen.vectors import (
     REGISTER_ARRAY,
@@ -133,12 +133,6 @@ class _Lanes:
     def coords(self) -> list[dict[int | str, int]]:
         """The coordinate of each lane ({axis: position}, outermost axis slowest); read-only, shared between calls."""
         return list(_coords(self.axes, self.sizes))
-
-
-def _under_casts(u: UOp) -> UOp:
-    while u.op is Ops.CAST:
-        u = u.src[0]
-    return u
 
 
 @functools.lru_cache(maxsize=1024)
@@ -690,25 +684,27 @@ class _Lowerer:
         assert tc is not None and k.tc_operands is not None
         if self.stager is None:
             raise KernelASTError(f"tensor core {tc} reads its operands from local memory: the kernel needs STAGE")
-        a_load, b_load = (_under_casts(u) for u in k.tc_operands)
+        a_load, b_load = staged_loads(k)
         e_c = tc.elements_per_thread[2]
         upcast, unroll = k.axes(AxisType.UPCAST), k.axes(AxisType.UNROLL)
         up = _coords(tuple(upcast), tuple(int(k.full_shape[a]) for a in upcast))
         un = _coords(tuple(unroll), tuple(int(k.full_shape[a]) for a in unroll))
         zero = UOp.const(tc.dtype_out, 0)
-        running = in_flight(k) if self.reduce_ranges else 0
+        running = self.stager.running if self.reduce_ranges else 0
         accs: list[UOp] = []
         if running:
             # an accumulator per output tile, kept whole in the instructions' registers from step to step
             for _ in up:
-                accs.append(self._acc(tc.dtype_out, e_c, zero, self.reduce_ranges))
-                accs[-1] = accs[-1].replace(arg=(*accs[-1].arg, REGISTER_ARRAY))
+                acc = self._acc(tc.dtype_out, e_c, zero, self.reduce_ranges)
+                accs.append(acc.replace(arg=(*acc.arg, REGISTER_ARRAY)))
             cur = list(accs)
-        elif self.reduce_ranges:
-            acc = self._acc(tc.dtype_out, len(up) * e_c, zero, self.reduce_ranges)
-            cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
         else:
-            acc = vectorize([zero] * (len(up) * e_c))
+            n_acc = len(up) * e_c
+            acc = (
+                self._acc(tc.dtype_out, n_acc, zero, self.reduce_ranges)
+                if self.reduce_ranges
+                else vectorize([zero] * n_acc)
+            )
             cur = [gep(acc, range(o * e_c, (o + 1) * e_c)) for o in range(len(up))]
         (n, m, kk), layout_c = tc.dims, tc.swizzle[2]
         matrices = {}

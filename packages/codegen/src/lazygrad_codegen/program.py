@@ -22,7 +22,14 @@ from lazygrad_codegen.kernel import Kernel, Opt, kernel_shape
 from lazygrad_codegen.linearizer import linearize
 from lazygrad_codegen.lowerer import cleanup_rules, lower
 from lazygrad_codegen.selection import keep_selections_whole
-from lazygrad_codegen.vectors import REGISTER_ARRAY, expand_chunks, group_memory, split_rules, vector_rules
+from lazygrad_codegen.vectors import (
+    REGISTER_ARRAY,
+    expand_chunks,
+    group_memory,
+    register_array,
+    split_rules,
+    vector_rules,
+)
 from lazygrad_uop.config import BEAM, DEBUG, NOOPT
 from lazygrad_uop.device import Renderer
 from lazygrad_uop.dtype import dtypes
@@ -98,7 +105,7 @@ def _renumber_accumulators(sink: UOp) -> UOp:
     """Give the accumulators the numbers 0, 1, ... in graph order (cutting vectors made several of one), keeping the
     mark of a register array (`REGISTER_ARRAY`)."""
     accs = [u for u in sink.toposort if u.op is Ops.DEFINE_ACC]
-    args = [(i, REGISTER_ARRAY) if REGISTER_ARRAY in a.arg[1:] else (i,) for i, a in enumerate(accs)]
+    args = [(i, REGISTER_ARRAY) if register_array(a) else (i,) for i, a in enumerate(accs)]
     if [a.arg for a in accs] == args:
         return sink
     return sink.substitute({a: a.replace(arg=arg) for a, arg in zip(accs, args, strict=True)})

@@ -523,15 +523,15 @@ def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -
     )
 
 
-def in_flight(k: Kernel) -> int:
+def in_flight(k: Kernel, operands: list[StagedOperand] | None = None) -> int:
     """Groups of WGMMAs a staged kernel on a core that reads local memory itself leaves running at the end of each
     step (0 or 1): one with three or more stages of asynchronous copies, so that the tensor cores never wait for the
     loop's barrier and the next step's copies; its accumulators then stay in the instructions' registers across
-    the steps. Its copies run `stages - 2` steps ahead (`Stager._build`)."""
+    the steps. Its copies run `stages - 2` steps ahead (`Stager._build`). `operands`: `plan(k)`, when known."""
     tc = k.tensor_core
     if tc is None or not tc.shared_operands or not k.staged or k.stages < 3:
         return 0
-    return int(asynchronous_copies(k, plan(k), k.stages))
+    return int(asynchronous_copies(k, plan(k) if operands is None else operands, k.stages))
 
 
 def apply_stage(k: Kernel, stages: int | None = None) -> None:
@@ -604,6 +604,8 @@ class Stager:
         self.lw = lowerer
         self.k = k = lowerer.k
         self.operands = {o.load: o for o in plan(k)}
+        # groups of tensor-core instructions left running at the end of a step (`in_flight`)
+        self.running = in_flight(k, list(self.operands.values()))
         self.buffers: dict[UOp, UOp] = {}
         # what the reads of local memory follow: the barrier after the copies, or (pipelined) the copies of a later
         # step that they overlap
@@ -714,7 +716,7 @@ class Stager:
         sizes = [int(k.full_shape[a]) for a in reduce_axes]
         # with a step's tensor-core instructions left running into the next (`in_flight`), the slot of the step
         # before is still being read at the barrier: copies go one step less ahead, into the slot of step - 2
-        steps, ahead = math.prod(sizes), k.stages - 1 - in_flight(k)
+        steps, ahead = math.prod(sizes), k.stages - 1 - self.running
 
         def indices(step: UOp | int) -> dict[int, UOp]:
             # the reduce indices of `step` in the row-major order of the reduce loops

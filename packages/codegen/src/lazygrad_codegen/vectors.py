@@ -153,6 +153,11 @@ the steps of a loop (their results left in flight from one step to the next): it
 C-style renderer declares it as one array."""
 
 
+def register_array(u: UOp) -> bool:
+    """Whether `u` is an accumulator marked `REGISTER_ARRAY`."""
+    return u.op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]
+
+
 def _chunks(n: int, width: int) -> list[tuple[int, ...]]:
     return [tuple(range(s, min(s + width, n))) for s in range(0, n, width)]
 
@@ -177,7 +182,7 @@ def _split_alu(ctx: int, x: UOp) -> UOp | None:
 def _split_acc(ctx: int, acc: UOp) -> UOp | None:
     width = ctx
     # an accumulator a tensor core keeps in its registers across steps (`REGISTER_ARRAY`) stays one
-    if acc.dtype.count <= width or REGISTER_ARRAY in acc.arg[1:]:
+    if acc.dtype.count <= width or register_array(acc):
         return None
     init, ranges = acc.src[0], acc.src[1:]
     parts = [

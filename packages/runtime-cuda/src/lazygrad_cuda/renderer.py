@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, CStyleLanguage, Workgroup
-from lazygrad_codegen.vectors import REGISTER_ARRAY
+from lazygrad_codegen.vectors import register_array
 from lazygrad_uop.device import TensorCore
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
@@ -568,8 +568,7 @@ class CUDARenderer(CStyleLanguage):
         """The headers of the 16-bit float types the kernel uses, and a struct for each vector type CUDA lacks."""
         # (a WGMMA's result, and the C it takes, are float arrays, not vector types)
         wide = {u for u in uops if u.op is Ops.WGMMA} | {u.src[2] for u in uops if u.op is Ops.WGMMA}
-        wide |= {u for u in uops if u.op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]}
-        wide |= {u.src[0] for u in uops if u.op is Ops.DEFINE_ACC and REGISTER_ARRAY in u.arg[1:]}
+        wide |= {x for u in uops if register_array(u) for x in (u, u.src[0])}
         wide |= {u for u in uops if u.op is Ops.ASSIGN and u.src[0] in wide}
         dts = {u.dtype for u in uops if u not in wide} | {u.dtype.base for u in uops if isinstance(u.dtype, PtrDType)}
         scalars = {d.scalar() for d in dts if not isinstance(d, PtrDType)}
