@@ -18,7 +18,7 @@ from lazygrad_python.device import (
 from lazygrad_python.interpreter import WARP_SIZE, Interpreter, InterpreterError
 from lazygrad_python.program_text import Instr, ProgramTextError, parse_program, render_program
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 
 __all__ = [
     "WARP_SIZE",

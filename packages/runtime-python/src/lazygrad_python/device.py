@@ -51,6 +51,9 @@ class GPUTarget:
     async_copy: bool = False
     # LDMATRIX (CUDA's ldmatrix on sm_75+): staged tensor-core fragments read local memory as 8x8 matrices
     ldmatrix: bool = False
+    # TMA_LOAD and the MBARRIER_* ops (Hopper's tensor memory accelerator): copies of a tensor's boxes into local
+    # memory that a barrier counts the bytes of
+    tma: bool = False
     # multiprocessors, which size split reductions (`Renderer.compute_units`): a mid-size GPU's by default
     compute_units: int = 32
 
@@ -88,7 +91,7 @@ class PythonRenderer(Renderer):
             self.supports_float4, self.vector_width = target.supports_float4, target.vector_width
             self.wide_vectors = target.wide_vectors
             self.tensor_cores, self.has_async_copy = target.tensor_cores, target.async_copy
-            self.has_ldmatrix = target.ldmatrix
+            self.has_ldmatrix, self.has_tma = target.ldmatrix, target.tma
             self.compute_units = target.compute_units
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -11,6 +11,14 @@ Execution model, as on a GPU:
   the value of thread t XOR offset. Every thread of the warp must be active, as a full-mask `__shfl_xor_sync` needs.
 - `DEFINE_LOCAL` memory is shared by the workgroup's warps. `BARRIER` stops a warp until every warp of its workgroup
   reaches the same barrier, so a workgroup of several warps runs them one after another from barrier to barrier.
+- `TMA_LOAD` (Hopper's tensor memory accelerator) copies a box of a tensor into local memory and counts its bytes
+  against an mbarrier (`MBARRIER_INIT`, `MBARRIER_EXPECT`, `MBARRIER_WAIT`), whose state the workgroup's warps share.
+  The copy is queued on its barrier and lands only when a wait needs it (the latest the hardware may land it), so a
+  program that reads the box before waiting for its phase sees the old contents (a warp that runs after the first
+  wait sees it landed, as it may on hardware). A wait that can't complete (arrivals still missing, or other than the
+  announced bytes landed) raises at once where the hardware would spin, forever or until another warp arrives: warps
+  run one after another between BARRIERs here, and the kernels this interpreter runs never need another warp to make
+  progress inside one such interval.
 - Loops jump the program counter: `END` goes back to the instruction after its `RANGE` while the counter is below the
   end. `ASSIGN` writes its `DEFINE_ACC` in place, so reading either node after the loop gives the accumulator, even
   when the loop ran zero times.
@@ -29,10 +37,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lazygrad_python.alu import alu_fn
-from lazygrad_python.numerics import bitcaster, caster, memory, to_value, zero
+from lazygrad_python.numerics import bitcaster, caster, memory, memory_bytes, to_value, zero
 from lazygrad_python.program_text import Instr
 from lazygrad_python.tensor_cores import shared_wgmma_function, wmma_function
-from lazygrad_uop.dtype import DType, PtrDType
+from lazygrad_uop.device import TensorMap
+from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 
 WARP_SIZE = 32
@@ -58,14 +67,80 @@ class _Warp:
     """The state of one warp: registers (one per instruction), program counter, and the active-thread mask (None
     when every thread is active; a list of bools otherwise, never all true)."""
 
-    __slots__ = ("groups", "mask", "pc", "pending", "regs")
+    __slots__ = ("groups", "mask", "mbarriers", "pc", "pending", "regs")
 
-    def __init__(self, regs: list[Any]) -> None:
+    def __init__(self, regs: list[Any], mbarriers: dict[tuple[int, int], _Mbarrier]) -> None:
         self.regs, self.pc, self.mask = regs, 0, None
+        # the workgroup's mbarriers (shared by its warps), by (DEFINE_LOCAL, element)
+        self.mbarriers = mbarriers
         # ASYNC_COPYs started since the last ASYNC_WAIT: (local memory, global memory, [(dst, src or None) per
         # thread], n); then the groups an ASYNC_WAIT made of them and let stay in flight, oldest first
         self.pending: list[tuple[Any, Any, list[tuple[int, int | None]], int]] = []
         self.groups: list[list[tuple[Any, Any, list[tuple[int, int | None]], int]]] = []
+
+
+class _Mbarrier:
+    """One mbarrier of a workgroup: its phase, the arrivals the phase still waits for (of `arrivals`), the bytes
+    announced for it (MBARRIER_EXPECT) and landed in it, and the TMA_LOAD copies counted against it that have not
+    landed yet: (local memory's bytes, global memory's bytes, [(zero bytes, source start, source end) per box row:
+    the row's in-bounds bytes and where they go in it], the byte address of each 16-byte piece of the box in local
+    memory, bytes)."""
+
+    __slots__ = ("arrivals", "copies", "expected", "landed", "name", "pending", "phase")
+
+    def __init__(self, name: str, arrivals: int) -> None:
+        self.name, self.arrivals, self.pending = name, arrivals, arrivals
+        self.phase = self.expected = self.landed = 0
+        self.copies: list[tuple[memoryview, memoryview, list[tuple[int, int, int]], list[int], int]] = []
+
+    def __str__(self) -> str:
+        flying = f", {sum(c[-1] for c in self.copies)} more in flight" if self.copies else ""
+        return (
+            f"{self.name} in phase {self.phase} ({self.pending} of {self.arrivals} arrivals left, {self.expected} "
+            f"bytes expected, {self.landed} landed{flying})"
+        )
+
+    def land(self) -> None:
+        """Land every queued copy: bit-exact bytes, zeros where the box reaches past the tensor."""
+        for dst, src, rows, pieces, n in self.copies:
+            row = n // len(rows)
+            box = b"".join((bytes(zeros) + src[a:b]).ljust(row, b"\0") for zeros, a, b in rows)
+            for k, d in enumerate(pieces):
+                dst[d : d + 16] = box[16 * k : 16 * k + 16]
+            self.landed += n
+        self.copies = []
+
+    def complete(self) -> None:
+        """Start the next phase."""
+        self.phase, self.pending, self.expected, self.landed = self.phase + 1, self.arrivals, 0, 0
+
+
+def _tma_copy(tmap: TensorMap, dst: memoryview, src: memoryview, start: int, coords: list[int]) -> tuple[Any, ...]:
+    """A TMA_LOAD of the box of `tmap` at `coords` from the global bytes `src` to the local bytes `dst` from byte
+    `start` on, as `_Mbarrier.copies` holds it."""
+    if start < 0 or start % 128:
+        raise InterpreterError(f"the box's destination, local byte {start}, is not 128-byte aligned")
+    item, (width, *outer) = tmap.dtype.itemsize, tmap.box
+    rows = []
+    for b in itertools.product(*(range(n) for n in reversed(outer))):
+        # the row's in-bounds run along the innermost dim (zeros around it), none where an outer coordinate is out
+        base = tmap.element((0, *(c + k for c, k in zip(coords[1:], reversed(b), strict=True))))
+        lo, hi = max(-coords[0], 0), min(width, tmap.dims[0] - coords[0])
+        if base is None or hi <= lo:
+            rows.append((0, 0, 0))
+            continue
+        first = (base + coords[0] + lo) * item
+        if first + (hi - lo) * item > len(src):
+            raise InterpreterError(f"the box at {tuple(coords)} reads past the end of the tensor's {len(src)} bytes")
+        rows.append((lo * item, first, first + (hi - lo) * item))
+    n = tmap.box_bytes
+    pieces = [tmap.destination(start, p) for p in range(0, n // item, 16 // item)]
+    if max(pieces) + 16 > len(dst):
+        raise InterpreterError(
+            f"the box of {n} bytes from local byte {start} (swizzled by {tmap.swizzle}) leaves the DEFINE_LOCAL's "
+            f"{len(dst)} bytes"
+        )
+    return dst, src, rows, pieces, n
 
 
 def _oob(offset: int) -> Any:
@@ -507,6 +582,111 @@ class Interpreter:
 
         return wgmma
 
+    def _mbarrier(self, i: int, x: Instr) -> Callable[[list[Any], int], tuple[int, int]]:
+        """The function giving the key (DEFINE_LOCAL, element) of thread t's mbarrier in an MBARRIER_* op or a
+        TMA_LOAD (its INDEX: the first source, a TMA_LOAD's third)."""
+        k = 2 if x.op is Ops.TMA_LOAD else 0
+        ptr = self.instrs[x.src[k]]
+        buf = self.instrs[ptr.src[0]] if ptr.op is Ops.INDEX else None
+        if buf is None or buf.op is not Ops.DEFINE_LOCAL or buf.dtype.base != dtypes.uint64:
+            raise ValueError(f"{x.op.name} {i}: its barrier must be an INDEX into a DEFINE_LOCAL of uint64")
+        local, off, size = ptr.src[0], self.reg[x.src[k]], buf.dtype.size
+
+        def where(regs: list[Any], t: int) -> tuple[int, int]:
+            o = regs[off][t]
+            if o is None or not 0 <= o < size:
+                raise InterpreterError(f"mbarrier {o} is outside DEFINE_LOCAL {local}, which holds {size}")
+            return local, o
+
+        return where
+
+    def _mbarrier_init(self, i: int, x: Instr) -> Step:
+        arrivals = x.arg
+        if not isinstance(arrivals, int) or isinstance(arrivals, bool) or not 0 < arrivals < 1 << 20:
+            raise ValueError(f"MBARRIER_INIT {i}: its arg, the arrivals, is an int from 1 to 2**20 - 1: {arrivals!r}")
+        where, gate = self._mbarrier(i, x), self.reg[x.src[1]]
+
+        def mbarrier_init(regs: list[Any], w: _Warp) -> None:
+            for t in _gated(regs[gate], w.mask):
+                local, o = key = where(regs, t)
+                old = w.mbarriers.get(key)
+                if old is not None and (old.copies or old.expected or old.pending != old.arrivals):
+                    raise InterpreterError(f"MBARRIER_INIT of {old}, in the middle of a phase")
+                w.mbarriers[key] = _Mbarrier(f"mbarrier {o} of DEFINE_LOCAL {local}", arrivals)
+
+        return mbarrier_init
+
+    def _mbarrier_expect(self, i: int, x: Instr) -> Step:
+        n = x.arg
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < 1 << 20:
+            raise ValueError(f"MBARRIER_EXPECT {i}: its arg, the bytes, is an int from 0 to 2**20 - 1, not {n!r}")
+        where, gate = self._mbarrier(i, x), self.reg[x.src[1]]
+
+        def mbarrier_expect(regs: list[Any], w: _Warp) -> None:
+            for t in _gated(regs[gate], w.mask):
+                bar = _initialized(w, where(regs, t))
+                if not bar.pending:
+                    raise InterpreterError(
+                        f"an arrival at {bar}, which has all its arrivals: one too many, or one for the next phase "
+                        "before any thread waited for this one"
+                    )
+                bar.expected += n
+                bar.pending -= 1
+                if not bar.pending and not bar.copies and bar.expected == bar.landed:
+                    bar.complete()  # nothing to land: the phase completes at its last arrival, as on hardware
+
+        return mbarrier_expect
+
+    def _mbarrier_wait(self, i: int, x: Instr) -> Step:
+        # the phase lands its copies only here, when a thread needs them; a wait for the other parity returns at once
+        where, parity = self._mbarrier(i, x), self.reg[x.src[1]]
+
+        def mbarrier_wait(regs: list[Any], w: _Warp) -> None:
+            mask = w.mask
+            for t, p in enumerate(regs[parity]):
+                if mask is not None and not mask[t]:
+                    continue
+                bar = _initialized(w, where(regs, t))
+                if p not in (0, 1):
+                    raise InterpreterError(f"a wait on {bar} for parity {p}, not 0 or 1")
+                if bar.phase % 2 != p:
+                    continue  # the phase before the current one, of parity p, has completed
+                if bar.pending:
+                    raise InterpreterError(f"a wait on {bar} would hang: no thread arrived for the missing arrivals")
+                bar.land()
+                if bar.expected != bar.landed:
+                    raise InterpreterError(f"a wait on {bar} would hang: other than the announced bytes landed")
+                bar.complete()
+
+        return mbarrier_wait
+
+    def _tma_load(self, i: int, x: Instr) -> Step:
+        tmap = x.arg
+        if not isinstance(tmap, TensorMap):
+            raise ValueError(f"TMA_LOAD {i}: its arg is a TensorMap, not {tmap!r}")
+        rank = len(tmap.dims)
+        dst = self.instrs[x.src[0]]
+        if len(x.src) < 4 + rank or dst.op is not Ops.INDEX or self.instrs[dst.src[0]].op is not Ops.DEFINE_LOCAL:
+            raise ValueError(
+                f"TMA_LOAD {i} takes an INDEX into a DEFINE_LOCAL, a DEFINE_GLOBAL, a barrier, a gate and {rank} "
+                f"coordinates (then ordering deps), got {[self.instrs[s].op.name for s in x.src]}"
+            )
+        if self.instrs[x.src[1]].op is not Ops.DEFINE_GLOBAL:
+            raise ValueError(f"TMA_LOAD {i}: its tensor must be a DEFINE_GLOBAL, not {self.instrs[x.src[1]].op}")
+        where, gate, item = self._mbarrier(i, x), self.reg[x.src[3]], self.instrs[dst.src[0]].dtype.base.itemsize
+        dst_buf, dst_off, src_buf = self.reg[dst.src[0]], self.reg[x.src[0]], self.reg[x.src[1]]
+        coords = [self.reg[c] for c in x.src[4 : 4 + rank]]
+
+        def tma_load(regs: list[Any], w: _Warp) -> None:
+            for t in _gated(regs[gate], w.mask):
+                bar, d = _initialized(w, where(regs, t)), regs[dst_off][t]
+                if d is None:
+                    raise InterpreterError("the destination INDEX of a TMA_LOAD is not valid")
+                local, tensor = memory_bytes(regs[dst_buf]), memory_bytes(regs[src_buf])
+                bar.copies.append(_tma_copy(tmap, local, tensor, d * item, [regs[c][t] for c in coords]))
+
+        return tma_load
+
     def _barrier(self, i: int, x: Instr) -> Step:
         def barrier(regs: list[Any], w: _Warp) -> int:
             return _BARRIER
@@ -546,8 +726,15 @@ class Interpreter:
         warps_lids = [lids[k : k + self.warp_size] for k in range(0, n_threads, self.warp_size)]
         for gz, gy, gx in itertools.product(range(gsize[2]), range(gsize[1]), range(gsize[0])):
             shared = {i: self._new_local(ins[i].dtype) for i in self.locals}
-            warps = [self._new_warp(wl, (gx, gy, gz), mems, shared, vals) for wl in warps_lids]
+            mbarriers: dict[tuple[int, int], _Mbarrier] = {}
+            warps = [self._new_warp(wl, (gx, gy, gz), mems, shared, vals, mbarriers) for wl in warps_lids]
             self._run_workgroup(warps)
+            for bar in mbarriers.values():
+                if bar.copies:
+                    # on hardware they would write local memory that the next workgroup may already use
+                    raise InterpreterError(
+                        f"workgroup {(gx, gy, gz)} finished with TMA_LOAD copies to {bar} in flight: no thread waited"
+                    )
 
     def _new_local(self, dt: DType) -> Any:
         if not isinstance(dt, PtrDType) or dt.size < 0:
@@ -572,6 +759,7 @@ class Interpreter:
         mems: dict[int, Any],
         shared: dict[int, Any],
         vals: Sequence[int],
+        mbarriers: dict[tuple[int, int], _Mbarrier],
     ) -> _Warp:
         width = len(lids)
         regs = list(self._fixed(width))
@@ -582,7 +770,7 @@ class Interpreter:
         for i in self.specials:
             kind, d = _SPECIAL_NAMES[self.instrs[i].arg[0]]
             regs[i] = [gid[d]] * width if kind == "gidx" else [lid[d] for lid in lids]
-        return _Warp(regs)
+        return _Warp(regs, mbarriers)
 
     def _run_workgroup(self, warps: list[_Warp]) -> None:
         pending = warps
@@ -626,6 +814,19 @@ def _dims(size: Sequence[int], what: str) -> tuple[int, int, int]:
     return dims  # type: ignore[return-value]
 
 
+def _gated(gates: list[Any], mask: list[bool] | None) -> list[int]:
+    """The threads of a warp that run a gated op: the active ones whose gate is true."""
+    return [t for t, g in enumerate(gates) if g and (mask is None or mask[t])]
+
+
+def _initialized(w: _Warp, key: tuple[int, int]) -> _Mbarrier:
+    """The mbarrier at `key` of the warp's workgroup, which an MBARRIER_INIT must have set up."""
+    bar = w.mbarriers.get(key)
+    if bar is None:
+        raise InterpreterError(f"mbarrier {key[1]} of DEFINE_LOCAL {key[0]} is used before an MBARRIER_INIT")
+    return bar
+
+
 def _const_value(x: Instr) -> Any:
     scalar = x.dtype.scalar()
     if x.dtype.count == 1:
@@ -655,4 +856,8 @@ _BUILDERS: dict[Ops, Callable[[Interpreter, int, Instr], Step]] = {
     Ops.WMMA: Interpreter._wmma,
     Ops.WGMMA: Interpreter._wgmma,
     Ops.SHUFFLE_XOR: Interpreter._shuffle_xor,
+    Ops.MBARRIER_INIT: Interpreter._mbarrier_init,
+    Ops.MBARRIER_EXPECT: Interpreter._mbarrier_expect,
+    Ops.MBARRIER_WAIT: Interpreter._mbarrier_wait,
+    Ops.TMA_LOAD: Interpreter._tma_load,
 }

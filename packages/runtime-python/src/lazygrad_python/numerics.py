@@ -371,6 +371,16 @@ def memory(dt: DType, buf: memoryview) -> Any:
     return raw.cast(_fmt(dt))
 
 
+def memory_bytes(mem: Any) -> memoryview:
+    """The bytes behind a view that `memory` made: writing them changes its elements (bit-exact copies of any dtype,
+    whatever dtype the view reads them as)."""
+    if isinstance(mem, _HalfMemory):
+        return mem._buf
+    if isinstance(mem, _CodecMemory):
+        return mem._raw.cast("B")
+    return mem.cast("B")
+
+
 def zero(dt: DType) -> Any:
     """The zero value of `dt` (a tuple of zeros for a vector)."""
     z = to_value(dt.scalar(), 0)

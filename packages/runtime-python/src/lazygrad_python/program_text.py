@@ -9,7 +9,9 @@
 
 Sources are the indices of earlier lines. Dtypes are written `float32`, `float32x4` (a vector), `float32*[16]` (a
 pointer to 16 elements, -1 when unknown) and `float32*local[16]`. Args are Python literals, plus `inf`, `nan`,
-`Ops.NAME` and dtype names; they are read back by walking the parsed syntax tree, never by evaluating it.
+`Ops.NAME`, dtype names and a TMA_LOAD's tensor map written as a call with keywords,
+`TensorMap(dtype=float16, offset=0, dims=(70, 100), strides=(1, 72), box=(64, 8), swizzle=128)`; they are read back by
+walking the parsed syntax tree, never by evaluating it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import ast
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from lazygrad_uop.device import TensorMap
 from lazygrad_uop.dtype import INVERSE_NAMES, DType, PtrDType
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp
@@ -69,6 +72,9 @@ def parse_dtype(text: str) -> DType:
 
 # *** args as text ***
 
+# the frozen dataclasses an arg may be, written as a call of their name with a keyword per field
+_RECORDS: dict[str, type] = {"TensorMap": TensorMap}
+
 
 def arg_text(arg: Any) -> str:
     """A UOp arg written as a literal the parser reads back to an equal value."""
@@ -85,6 +91,8 @@ def arg_text(arg: Any) -> str:
         return f"Ops.{arg.name}"
     if isinstance(arg, DType) and not isinstance(arg, PtrDType):
         return dtype_text(arg)
+    if type(arg) in _RECORDS.values():
+        return f"{type(arg).__name__}({', '.join(f'{f.name}={arg_text(getattr(arg, f.name))}' for f in fields(arg))})"
     raise NotImplementedError(f"the PYTHON renderer can't write an arg of type {type(arg).__name__}: {arg!r}")
 
 
@@ -116,6 +124,13 @@ def _literal(node: ast.AST, text: str) -> Any:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Ops":
         if node.attr in Ops.__members__:
             return Ops[node.attr]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _RECORDS and not node.args:
+        if all(k.arg is not None for k in node.keywords):
+            kwargs = {k.arg: _literal(k.value, text) for k in node.keywords}
+            try:
+                return _RECORDS[node.func.id](**kwargs)
+            except (AttributeError, TypeError, ValueError) as exc:  # the dataclass's own checks of the fields
+                raise ProgramTextError(f"arg {text!r} is no valid {node.func.id}: {exc}") from None
     raise ProgramTextError(f"arg {text!r} holds {ast.unparse(node)!r}, which is not a literal the PYTHON device reads")
 
 

@@ -7,7 +7,7 @@ from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.pattern import PatternMatcher, RewriteError, UPat, graph_rewrite
 from lazygrad_uop.uop import UOp, sint
 
-__version__ = "0.23.0"
+__version__ = "0.24.0"
 
 __all__ = [
     "BEAM",

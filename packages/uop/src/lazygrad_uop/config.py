@@ -88,7 +88,9 @@ TF32 = ContextVar("TF32", 0)
 # 1 lets the default tiles and BEAM take tensor cores that read their operands from shared memory themselves
 # (`TensorCore.shared_operands`: Hopper's wgmma on sm_90). 0 (the default) until an H100 has run them: their layouts
 # are emulated on the PYTHON device and they compile for sm_90a, but no GPU has checked them yet. Named in opts (TC's
-# select) they run either way.
+# select) they run either way. 2: the same, and their operands copied into shared memory by the tensor memory
+# accelerator (TMA: one thread starts a copy of each tile, the others wait on a barrier that counts its bytes) where
+# the operands are plain strided tensors it can describe (`lazygrad_uop.device.TensorMap`), cp.async elsewhere.
 WGMMA = ContextVar("WGMMA", 0)
 # threads that run one CPU kernel (the CPU device's), by default every core this process may use
 CPU_THREADS = ContextVar(

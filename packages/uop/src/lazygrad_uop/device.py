@@ -7,6 +7,7 @@ A device package subclasses these and hands a `CompiledDevice` to the registry t
 from __future__ import annotations
 
 import abc
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -373,9 +374,10 @@ class Renderer(abc.ABC):
     grouped reductions combine through shared memory only), `has_async_copy` (it renders `ASYNC_COPY` and
     `ASYNC_WAIT`: copies into local memory that overlap the math, CUDA's cp.async on sm_80 and newer),
     `has_ldmatrix` (it renders `LDMATRIX`: a warp's tensor-core fragments read from local memory as 8x8 matrices,
-    CUDA's ldmatrix on sm_75 and newer), and `compute_units` (the units that run workgroups or threads at once: a
-    GPU's multiprocessors, a CPU's cores; 0 when unknown), which decides how finely a long reduction to few outputs
-    is split.
+    CUDA's ldmatrix on sm_75 and newer), `has_tma` (it renders `TMA_LOAD` and the `MBARRIER_*` ops: boxes of a
+    tensor copied into local memory by the tensor memory accelerator, Hopper's sm_90), and `compute_units` (the
+    units that run workgroups or threads at once: a GPU's multiprocessors, a CPU's cores; 0 when unknown), which
+    decides how finely a long reduction to few outputs is split.
     """
 
     device: ClassVar[str] = ""
@@ -394,6 +396,7 @@ class Renderer(abc.ABC):
     warp_size: int = 0
     has_async_copy: bool = False
     has_ldmatrix: bool = False
+    has_tma: bool = False
     compute_units: int = 0
     # A tuple rather than a list so that subclasses can't mutate a default they share.
     tensor_cores: Sequence[TensorCore] = ()
@@ -476,6 +479,82 @@ def swizzled(address: int, swizzle: int) -> int:
         return address
     mask = swizzle // 16 - 1
     return address ^ (((address >> 7) & mask) << 4)
+
+
+TMA_MAX_RANK = 5
+"""The most dims a `TensorMap` has (the tensor memory accelerator's tiled mode)."""
+TMA_MAX_BOX = 256
+"""The longest a `TensorMap`'s box is along any dim."""
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A tensor in global memory as Hopper's tensor memory accelerator (TMA, `cp.async.bulk.tensor`, a `TMA_LOAD`
+    UOp) copies boxes of it into local memory; the CUDA driver encodes it as a `CUtensorMap` from the buffer's
+    address (`cuTensorMapEncodeTiled`).
+
+    - `dtype`: the scalar element type; `offset`: elements from the buffer's start to coordinate (0, ..., 0).
+    - `dims`: the tensor's extents, innermost first (1 to `TMA_MAX_RANK`); `strides`: elements per step along each,
+      `strides[0]` 1 (the innermost dim is contiguous).
+    - `box`: the extents of the box one copy moves, innermost first, each 1 to `TMA_MAX_BOX`.
+    - `swizzle`: 128, 64 or 32 bytes, or 0 for none. The box lands in local memory row-major (innermost fastest),
+      each element's byte address then swizzled as `SharedMatrix`'s (`swizzled`: bits 4-6 XORed with bits 7-9) on the
+      absolute shared address, so that the rows a wgmma reads with the same swizzle are the box's rows.
+
+    A copy at coordinates c reads element c + b of the tensor for each box position b, and zero where any coordinate
+    lies outside [0, dims). The driver's rules (`problem` says which one a map breaks): the address (with `offset`)
+    and every stride but the innermost's a multiple of 16 bytes, the box's innermost extent a multiple of 16 bytes
+    and, swizzled, at most the swizzle's width."""
+
+    dtype: DType
+    offset: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = 128
+
+    def __post_init__(self) -> None:
+        if (why := self.problem()) is not None:
+            raise ValueError(f"tensor map {self}: {why}")
+
+    def problem(self) -> str | None:
+        """None when the tensor memory accelerator takes this map, else why not."""
+        item = self.dtype.itemsize
+        rank = len(self.dims)
+        if not 1 <= rank <= TMA_MAX_RANK or len(self.strides) != rank or len(self.box) != rank:
+            return f"dims, strides and box name the same 1 to {TMA_MAX_RANK} dims"
+        if self.swizzle not in (0, 32, 64, 128):
+            return f"swizzle is 0, 32, 64 or 128 bytes, not {self.swizzle}"
+        if any(not isinstance(d, int) or not 0 < d < 1 << 32 for d in self.dims):
+            return "each dim is a positive int below 2**32"
+        if self.strides[0] != 1:
+            return "the innermost dim must be contiguous (stride 1)"
+        if any(not isinstance(s, int) or s <= 0 or (s * item) % 16 or s * item >= 1 << 40 for s in self.strides[1:]):
+            return "each outer stride is positive, a multiple of 16 bytes and below 2**40 bytes"
+        if not isinstance(self.offset, int) or self.offset < 0 or (self.offset * item) % 16:
+            return "the offset is a multiple of 16 bytes"
+        if any(not isinstance(b, int) or not 0 < b <= TMA_MAX_BOX for b in self.box):
+            return f"each box extent is 1 to {TMA_MAX_BOX}"
+        inner = self.box[0] * item
+        if inner % 16 or (self.swizzle and inner > self.swizzle):
+            return f"the box's innermost {inner} bytes must be a multiple of 16 and at most the swizzle's width"
+        return None
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one copy lands (whatever part of the box lies outside the tensor: zeros count too)."""
+        return self.dtype.itemsize * math.prod(self.box)
+
+    def element(self, coords: Sequence[int]) -> int | None:
+        """The buffer index (in elements) of the element at `coords` (innermost first), None outside the tensor."""
+        if any(not 0 <= c < d for c, d in zip(coords, self.dims, strict=True)):
+            return None
+        return self.offset + sum(c * s for c, s in zip(coords, self.strides, strict=True))
+
+    def destination(self, start: int, position: int) -> int:
+        """The shared byte address box element `position` (row-major, innermost fastest) lands at when the box
+        starts at byte `start`."""
+        return swizzled(start + position * self.dtype.itemsize, self.swizzle)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
    ALU ops, REDUCE_AXIS, CONST, DEFINE_VAR.
 3. Linear program (lowered by codegen, rendered by a Renderer): DEFINE_GLOBAL, DEFINE_LOCAL, DEFINE_VAR,
    DEFINE_ACC, SPECIAL, RANGE/END, IF/ENDIF, INDEX, LOAD, STORE, ASSIGN, BARRIER, VECTORIZE, GEP, WMMA, SHUFFLE_XOR,
-   ASYNC_COPY/ASYNC_WAIT, LDMATRIX, WGMMA, ALU ops.
+   ASYNC_COPY/ASYNC_WAIT, LDMATRIX, WGMMA, MBARRIER_INIT/EXPECT/WAIT, TMA_LOAD, ALU ops.
 
 The operand conventions of each op are documented in `OP_DOCS` so every package reads the same contract.
 """
@@ -103,6 +103,11 @@ class Ops(Enum):
     ASYNC_WAIT = auto()
     LDMATRIX = auto()
     WGMMA = auto()
+    # the tensor memory accelerator's copies and the barriers that count their bytes (Hopper)
+    MBARRIER_INIT = auto()
+    MBARRIER_EXPECT = auto()
+    MBARRIER_WAIT = auto()
+    TMA_LOAD = auto()
 
     # Members are singletons compared by identity, so the identity hash agrees with equality; Enum's own hashes the
     # member's name in Python, a call that every `op in GroupOp.X` and op-keyed dict paid (about 4x slower).
@@ -189,4 +194,18 @@ OP_DOCS: dict[Ops, str] = {
     " wgmma matrix descriptors say (`lazygrad_uop.device.SharedMatrix`); C and the result are laid out by layout_C"
     " (TensorCore.swizzle's third entry); every thread of the group of `threads` consecutive threads runs it together"
     " (CUDA wgmma.mma_async on sm_90a)",
+    Ops.MBARRIER_INIT: "src=(INDEX into a DEFINE_LOCAL of uint64: the barrier, gate[, ordering deps]); arg=arrivals:"
+    " the threads whose gate is true (one) set the barrier to its phase 0, which completes once `arrivals` threads"
+    " have arrived and every byte they announced has landed (CUDA mbarrier.init, renderers with has_tma)",
+    Ops.MBARRIER_EXPECT: "src=(INDEX of a barrier, gate[, ordering deps]); arg=bytes: the threads whose gate is true"
+    " arrive at the barrier's current phase and announce `bytes` more that TMA_LOADs will land in it (CUDA"
+    " mbarrier.arrive.expect_tx)",
+    Ops.MBARRIER_WAIT: "src=(INDEX of a barrier, parity (int)[, ordering deps]): the thread waits until the barrier's"
+    " phase of that parity (0 for its phases 0, 2, 4 ...) has completed; what the TMA_LOADs of that phase wrote is"
+    " then visible to it (CUDA mbarrier.try_wait.parity in a loop)",
+    Ops.TMA_LOAD: "src=(INDEX into a DEFINE_LOCAL: the box's first element, DEFINE_GLOBAL: the tensor, INDEX of a"
+    " barrier, gate, one int coordinate per dim of the map, innermost first[, ordering deps]); arg=TensorMap: the"
+    " threads whose gate is true start copying the map's box at those coordinates into local memory (zeros where it"
+    " reaches past the tensor, rows swizzled by the map's swizzle) and count its bytes against the barrier's current"
+    " phase (CUDA cp.async.bulk.tensor, renderers with has_tma)",
 }
