@@ -7,8 +7,9 @@ lazygrad's time is the sum of its kernels' GPU times (the program's own timing, 
 of several runs after a warm-up that compiles them; torch's is CUDA-event time of the op (cuDNN/cuBLAS, cudnn
 benchmark mode on). Targets (issue 14): fp16/bf16 >= 50% of torch by default and >= 70% with BEAM, fp32 >= 70%, each
 convolution >= 50%. On an sm_90 GPU the fp16/bf16 matmuls and the search run again with `WGMMA=1` (Hopper's wgmma
-tiles), last, each result checked against torch. Without an NVIDIA GPU the script says so and measures nothing.
-`benchmarks/gpu.py` prints these rows too (not the WGMMA=1 ones).
+tiles), last, each result checked against torch, and then the matmuls with `WGMMA=2` (their operands copied by the
+tensor memory accelerator). Without an NVIDIA GPU the script says so and measures nothing. `benchmarks/gpu.py`
+prints these rows too (not the WGMMA ones).
 
     python benchmarks/gpu_matmul.py [--runs 5] [--no-beam] [--beam-timeout 120] [--no-wgmma]
 """
@@ -104,16 +105,16 @@ def _matmul_row(torch, rng, dtype, n: int, runs: int, target: float, label: str 
     return (f"matmul {dtype.name} {n}^3{' ' + label if label else ''}", t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", target)
 
 
-def wgmma_rows(torch, runs: int) -> list[Row]:
-    """The fp16/bf16 matmuls again with `WGMMA=1` (Hopper's wgmma tiles, sm_90 only), each checked against torch
-    first: a wrong result prints and drops its row rather than ending the run. Last of all, since a kernel that
-    faults leaves the CUDA context unusable."""
+def wgmma_rows(torch, runs: int, level: int = 1) -> list[Row]:
+    """The fp16/bf16 matmuls again with `WGMMA=level` (Hopper's wgmma tiles, sm_90 only; 2: their operands copied by
+    the tensor memory accelerator), each checked against torch first: a wrong result prints and drops its row rather
+    than ending the run. Last of all, since a kernel that faults leaves the CUDA context unusable."""
     if Device["CUDA"].arch != "sm_90":
         print(f"wgmma rows: wgmma is an sm_90 instruction; this GPU is {Device['CUDA'].arch}", flush=True)
         return []
     rows: list[Row] = []
     rng = np.random.default_rng(1)
-    with Context(WGMMA=1):
+    with Context(WGMMA=level):
         for dtype, n in (
             (dtypes.float16, 4096),
             (dtypes.bfloat16, 4096),
@@ -121,9 +122,9 @@ def wgmma_rows(torch, runs: int) -> list[Row]:
             (dtypes.bfloat16, 8192),
         ):
             try:
-                rows.append(_matmul_row(torch, rng, dtype, n, runs, TARGETS["matmul"], "WGMMA=1"))
+                rows.append(_matmul_row(torch, rng, dtype, n, runs, TARGETS["matmul"], f"WGMMA={level}"))
             except AssertionError as exc:
-                print(f"WGMMA=1 matmul {dtype.name} {n}^3 gives WRONG results: {str(exc)[:400]}", flush=True)
+                print(f"WGMMA={level} matmul {dtype.name} {n}^3 gives WRONG results: {str(exc)[:400]}", flush=True)
     return rows
 
 
@@ -248,7 +249,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per kernel (median)")
     parser.add_argument("--no-beam", action="store_true", help="skip the BEAM search")
     parser.add_argument("--beam-timeout", type=float, default=120.0, help="BEAM_TIMEOUT for the search (s)")
-    parser.add_argument("--no-wgmma", action="store_true", help="skip the WGMMA=1 rows (sm_90)")
+    parser.add_argument("--no-wgmma", action="store_true", help="skip the WGMMA=1 and WGMMA=2 rows (sm_90)")
     args = parser.parse_args()
     if (why := Device.usable("CUDA")) is not None:
         print(f"benchmarks/gpu_matmul.py: no GPU was available to measure on: {why}")
@@ -262,6 +263,8 @@ def main() -> None:
         rows += wgmma_rows(torch, args.runs)
         if not args.no_beam and Device["CUDA"].arch == "sm_90":
             rows += beam_rows(torch, args.runs, args.beam_timeout, wgmma=True)
+        # the tensor memory accelerator's copies last: a kernel that traps ends the run's use of the GPU
+        rows += wgmma_rows(torch, args.runs, level=2)
     print_rows(rows)
 
 

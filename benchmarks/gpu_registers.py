@@ -8,10 +8,11 @@ the 3x3 layers, the 1x1 downsampling ones) forward, input gradient and weight gr
 program those schedules launch is compiled (sums of split-K parts, casts, and the like included). Columns: the
 workgroup's threads, its local (shared) memory in bytes and pipeline stages (STAGE's), registers per thread / bytes of
 spill stores and loads together. Target (issue 14): zero spills on both architectures. `--wgmma` renders for sm_90
-with `WGMMA=1` (Hopper's wgmma tiles where they fit; the `wgmma` column says which) and compiles for sm_90 alone.
+with `WGMMA=1` (Hopper's wgmma tiles where they fit; the `wgmma` column says which, "tma" where the tensor memory
+accelerator copies their operands: `--wgmma 2`) and compiles for sm_90 alone.
 `packages/runtime-cuda/tests/test_staged_kernels.py` checks a representative part of the set in the test suite.
 
-    python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90] [--wgmma]
+    python benchmarks/gpu_registers.py [--only SUBSTRING] [--arch sm_80 --arch sm_90] [--wgmma [2]]
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="only the workloads whose name contains this")
     parser.add_argument("--arch", action="append", help="architectures (default sm_80 and sm_90)")
-    parser.add_argument("--wgmma", action="store_true", help="sm_90 with WGMMA=1 (Hopper's wgmma tiles)")
+    parser.add_argument(
+        "--wgmma", type=int, nargs="?", const=1, default=0, help="sm_90 with WGMMA=1 (Hopper's wgmma tiles), or 2"
+    )
     # `nox -s bench` passes its arguments to every script: the ones meant for the others are ignored
     args, _ = parser.parse_known_args()
     archs = ["sm_90"] if args.wgmma else args.arch or ["sm_80", "sm_90"]
@@ -93,7 +96,7 @@ def main() -> None:
         f"{'workload':44s} {'program':40s} {'local':>10s} {'smem':>7s} {'stages':>6s} {'wgmma':>5s} "
         + " ".join(f"{a + ' regs/spill':>17s}" for a in archs)
     )
-    with Context(WGMMA=int(args.wgmma)):
+    with Context(WGMMA=args.wgmma):
         _report(args, archs, renderer)
 
 
@@ -118,6 +121,7 @@ def _report(args: argparse.Namespace, archs: list[str], renderer: CUDARenderer) 
             staged = [o for o in spec.opts if o.op is OptOps.STAGE]
             stages = "-" if not staged else str(staged[-1].arg or 2)
             wgmma = "yes" if any(u.op is Ops.WGMMA for u in spec.uops) else "-"
+            wgmma = "tma" if any(u.op is Ops.TMA_LOAD for u in spec.uops) else wgmma
             row = f"{name:44s} {spec.name[:40]:40s} {local:>10s} {smem:>7d} {stages:>6s} {wgmma:>5s} "
             print(row + " ".join(cells), flush=True)
     print(f"{programs} programs, {spilled} (program, arch) pairs with spills, {time.perf_counter() - st:.0f} s")

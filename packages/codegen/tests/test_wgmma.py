@@ -93,19 +93,20 @@ def test_every_operand_orientation_matches_numpy(dtype: DType, a_t: bool, b_t: b
     assert [m[0] for m in majors] == ["mn" if a_t else "k", "k" if b_t else "mn"]
 
 
-@pytest.mark.parametrize(
-    ("shape", "n", "opts"),
-    [
-        # one warpgroup with two 64x128 tiles, four stages over a 2-step loop (copies past the end gated off)
-        ((1, 128, 128, 128), 128, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.STAGE, None, 4)]),
-        # two warpgroups along M, a batch of two, three stages
-        ((2, 128, 64, 128), 64, [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.STAGE, None, 3)]),
-        # a 16-element step: 32-byte swizzled rows of A; synchronous copies, one barrier per step
-        ((1, 64, 128, 48), 64, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.STAGE, None, 1)]),
-        # a 32-element step: 64-byte rows
-        ((1, 64, 64, 96), 64, [Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.STAGE, None, 2)]),
-    ],
-)
+TILES = [
+    # one warpgroup with two 64x128 tiles, four stages over a 2-step loop (copies past the end gated off)
+    ((1, 128, 128, 128), 128, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.STAGE, None, 4)]),
+    # two warpgroups along M, a batch of two, three stages
+    ((2, 128, 64, 128), 64, [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.STAGE, None, 3)]),
+    # a 16-element step: 32-byte swizzled rows of A; synchronous copies, one barrier per step
+    ((1, 64, 128, 48), 64, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.STAGE, None, 1)]),
+    # a 32-element step: 64-byte rows
+    ((1, 64, 64, 96), 64, [Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.STAGE, None, 2)]),
+]
+"""(shape, the core's N, opts after TC) of tiles and pipelines that every way of copying the operands runs."""
+
+
+@pytest.mark.parametrize(("shape", "n", "opts"), TILES)
 def test_tiles_and_pipelines_match_numpy(shape: tuple[int, int, int, int], n: int, opts: list[Opt]) -> None:
     spec = _run(matmul(*shape, dtypes.float16), [_tc(n, dtypes.float16), *opts])
     # the program's FLOP estimate counts each instruction's 64 x N x 16 products once per warpgroup

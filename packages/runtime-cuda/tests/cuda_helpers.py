@@ -20,6 +20,16 @@ ARCHS = ("sm_80", "sm_90")
 
 
 @functools.cache
+def has_nvrtc() -> bool:
+    """Whether NVRTC loads here (cuda-bindings and the nvidia-cuda-nvrtc library)."""
+    try:
+        nvrtc_version()
+    except Exception:  # noqa: BLE001 - any failure means no usable NVRTC here
+        return False
+    return True
+
+
+@functools.cache
 def ptxas() -> tuple[str | None, str]:
     """The ptxas to check PTX with, or None and why there is none. It must be at least NVRTC's release, or it
     can't read the PTX ISA version NVRTC writes."""

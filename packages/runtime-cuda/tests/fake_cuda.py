@@ -5,6 +5,8 @@ before it loads the driver library; on a machine without one, a call whose argum
 "driver library not found". Only then does the stand-in answer, with values of the types the real call returns, and
 with "device memory" that is host memory, so copies move real bytes.
 
+`cuTensorMapEncodeTiled` answers with a map whose 128 bytes are `stand_in_tensor_map` of its arguments.
+
 Kernels run where a test registers a host implementation for their name (`FakeDriver.kernels`): a launch runs it at
 once (the stand-in's stream is synchronous), and a graph keeps each kernel node's arguments as the driver does
 (copied when the node is added; the executable graph gets its own copy when instantiated, which
@@ -44,13 +46,26 @@ def driver_missing() -> bool:
     return False
 
 
+def stand_in_tensor_map(address: int, dtype: int, dims: list[int], strides: list[int], box: list[int]) -> bytes:
+    """The 128 bytes of the stand-in's tensor maps: 16 little-endian words, the address, the data type, dims (5
+    words), strides (4) and box (5), each padded with zeros."""
+
+    def pad(xs: list[int], n: int) -> list[int]:
+        return [*xs, *[0] * (n - len(xs))]
+
+    words = [address, dtype, *pad(dims, 5), *pad(strides, 4), *pad(box, 5)]
+    return b"".join(w.to_bytes(8, "little") for w in words)
+
+
 @dataclass
 class FakeKernel:
-    """The parameters a kernel takes (`nbufs` 64-bit addresses, then `nvals` 32-bit ints) and how it runs."""
+    """The parameters a kernel takes (`nbufs` 64-bit addresses, then `nvals` 32-bit ints, then `nmaps` 128-byte
+    tensor maps) and how it runs."""
 
     nbufs: int
     nvals: int
     run: HostKernel | None = None
+    nmaps: int = 0
 
 
 @dataclass
@@ -77,9 +92,10 @@ class Graphs:
 class FakeDriver:
     """`cuda.bindings.driver` with every `cu*` function checked by the real one and answered from `answers`.
 
-    `param_shape` is (buffers, ints) of kernels with no entry in `kernels`: launches and graph nodes record their
-    decoded arguments in `kernel_args` while the argument memory is alive. `fail[name] = CUresult` makes the next
-    call of `name` fail with it.
+    `param_shape` is (buffers, ints) and `param_maps` the tensor maps of kernels with no entry in `kernels`: launches
+    and graph nodes record their decoded arguments in `kernel_args`, and the bytes of their tensor maps in
+    `kernel_maps`, while the argument memory is alive. `fail[name] = CUresult` makes the next call of `name` fail
+    with it.
     """
 
     def __init__(self) -> None:
@@ -89,6 +105,8 @@ class FakeDriver:
         self.fail: dict[str, Any] = {}
         self.param_shape = (0, 0)
         self.kernel_args: list[tuple[list[int], list[int]]] = []
+        self.param_maps = 0
+        self.kernel_maps: list[list[bytes]] = []
         self.kernels: dict[str, FakeKernel] = {}
         self.function_names: dict[int, str] = {}
         self.launched: list[str] = []  # names of the kernels run, in order
@@ -129,6 +147,7 @@ class FakeDriver:
             "cuGraphExecKernelNodeSetParams": self._set_params,
             "cuGraphLaunch": self._graph_launch,
             "cuGetErrorString": lambda err: (b"described by the stand-in driver",),
+            "cuTensorMapEncodeTiled": self._encode_tensor_map,
         }
         for name in (
             "cuCtxSetCurrent cuCtxEnablePeerAccess cuEventRecord cuEventSynchronize cuEventDestroy cuStreamSynchronize "
@@ -138,7 +157,7 @@ class FakeDriver:
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(real_driver, name)
-        if not (name.startswith("cu") and callable(real)):
+        if not (name.startswith("cu") and callable(real)) or isinstance(real, type):  # types (cuuint64_t) as they are
             return real
         answer = self.answers[name]
 
@@ -203,11 +222,19 @@ class FakeDriver:
         """The arguments behind a `void**` kernel-parameter array, recorded in `kernel_args`."""
         kernel = self.kernels.get(self.function_names.get(int(function), ""))
         nbufs, nvals = (kernel.nbufs, kernel.nvals) if kernel is not None else self.param_shape
-        ptrs = (ctypes.c_void_p * max(nbufs + nvals, 1)).from_address(address)
+        nmaps = kernel.nmaps if kernel is not None else self.param_maps
+        ptrs = (ctypes.c_void_p * max(nbufs + nvals + nmaps, 1)).from_address(address)
         bufs = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(nbufs)]
         vals = [ctypes.c_int32.from_address(ptrs[nbufs + i]).value for i in range(nvals)]
         self.kernel_args.append((bufs, vals))
+        self.kernel_maps.append([ctypes.string_at(ptrs[nbufs + nvals + i], 128) for i in range(nmaps)])
         return bufs, vals
+
+    def _encode_tensor_map(self, dtype, rank, address, dims, strides, box, *modes: Any) -> tuple:
+        tensor_map = real_driver.CUtensorMap()
+        words = stand_in_tensor_map(int(address), int(dtype), *([int(x) for x in xs] for xs in (dims, strides, box)))
+        tensor_map.opaque = [int.from_bytes(words[i : i + 8], "little") for i in range(0, 128, 8)]
+        return (tensor_map,)
 
     def _run(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int], bufs, vals) -> None:
         name = self.function_names.get(function, "")

@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+from cuda_helpers import has_nvrtc
 
 from lazygrad_codegen import Opt, OptOps, get_program, kernel_ast
 from lazygrad_cuda import plugin
@@ -16,16 +17,6 @@ from lazygrad_uop.device import CompiledDevice, TensorCore
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.plugins import DeviceSpec, TensorCoreSpec, hookimpl
 from lazygrad_uop.registry import DeviceRegistry, DeviceUnavailableError, LazygradPluginWarning
-
-
-def _nvrtc() -> bool:
-    try:
-        from lazygrad_cuda.compiler import nvrtc_version
-
-        nvrtc_version()
-    except Exception:  # noqa: BLE001 - any failure means no usable NVRTC here
-        return False
-    return True
 
 
 def _registry(*plugins: object) -> DeviceRegistry:
@@ -154,7 +145,7 @@ def test_a_description_the_renderer_cannot_emit_is_rejected_at_registration() ->
     assert "mma.sync" not in src
 
 
-@pytest.mark.skipif(not _nvrtc(), reason="needs NVRTC to compile the kernel")
+@pytest.mark.skipif(not has_nvrtc(), reason="needs NVRTC to compile the kernel")
 def test_an_added_tensor_core_compiles_for_the_gpu_it_was_added_for() -> None:
     from lazygrad_cuda.compiler import nvrtc_compile
 

@@ -293,6 +293,19 @@ def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t
     """Hopper's wgmma (sm_90 only): the default wgmma tile (`WGMMA=1`) and others (each N, warpgroups and tiles per
     warpgroup, K steps of 16 to 64, one to four stages, padded shapes) give numpy's result exactly. The layouts are
     the PTX ISA's descriptor layouts as the PYTHON device emulates them; this is where the hardware confirms them."""
+    _wgmma_matmuls(gpu, dtype, a_t, b_t, 1)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize(("a_t", "b_t"), [(False, False), (True, False), (False, True), (True, True)])
+def test_tma_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t: bool) -> None:
+    """The same with `WGMMA=2`: the pipelined unpadded tiles take their operands by the tensor memory accelerator
+    (TMA). A test of its own, so that a run can take it apart from the cp.async one (a kernel that traps leaves the
+    process's CUDA context unusable)."""
+    _wgmma_matmuls(gpu, dtype, a_t, b_t, 2)
+
+
+def _wgmma_matmuls(gpu: CUDADevice, dtype: DType, a_t: bool, b_t: bool, level: int) -> None:
     from lazygrad_codegen import Kernel, Opt, OptOps, get_program
     from lazygrad_codegen.heuristic import hand_coded_optimizations
     from lazygrad_cuda.renderer import CUDARenderer
@@ -328,13 +341,15 @@ def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t
         ((1, 64, 128, 48), [Opt(OptOps.TC, 0, (select[128], 0)), Opt(OptOps.STAGE, None, 1)]),
         ((1, 100, 72, 96), [Opt(OptOps.TC, 0, (select[64], 1)), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.STAGE)]),
     ]
-    for shape, opts in cases:
+    for n, (shape, opts) in enumerate(cases):
         ast, (a, b), want = _wgmma_case(*shape, dtype, a_t, b_t)
-        with Context(WGMMA=1):
+        with Context(WGMMA=level):
             if opts is None:
                 opts = hand_coded_optimizations(Kernel(ast, renderer)).applied_opts
             spec = get_program(ast, renderer, opts)
         assert "wgmma.mma_async" in spec.src, (shape, spec.opts)
+        # the pipelined tiles of whole tensors (the first three) on the tensor memory accelerator with WGMMA=2
+        assert ("cp.async.bulk.tensor" in spec.src) == (level == 2 and n < 3), (shape, spec.opts)
         prog = gpu.load_program(spec.name, gpu.compiler.compile(spec.src))
 
         def run(a_stored: np.ndarray, b_stored: np.ndarray, prog=prog, spec=spec, shape=want.shape) -> np.ndarray:
@@ -346,4 +361,4 @@ def test_wgmma_matmuls_match_numpy(gpu: CUDADevice, dtype: DType, a_t: bool, b_t
         got = run(a, b)
         if not np.array_equal(got, want):
             probe = _wgmma_probe(run, shape, dtype, a_t, b_t)
-            pytest.fail(f"{shape} {spec.opts}: wrong result; what the hardware read:\n{probe}")
+            pytest.fail(f"{shape} {spec.opts} WGMMA={level}: wrong result; what the hardware read:\n{probe}")

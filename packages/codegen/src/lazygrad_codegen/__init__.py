@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.26.0"
+__version__ = "0.27.0"
 
 # imported on first use: a module that needs one piece (a compile worker loading llvm_compiler alone) doesn't pay
 # for the whole code generator

@@ -331,6 +331,12 @@ class CStyleLanguage(Renderer):
         but the latest `in_flight` groups."""
         raise NotImplementedError(f"{type(self).__name__} has no asynchronous copies (has_async_copy is False)")
 
+    def render_tma(self, u: UOp, srcs: list[str]) -> list[str]:
+        """The statements of `u`, one of the tensor memory accelerator's ops (`TMA_LOAD`, `MBARRIER_INIT`,
+        `MBARRIER_EXPECT`, `MBARRIER_WAIT`), whose sources render as `srcs` (ordering deps as ""); only for a dialect
+        with `has_tma`."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor memory accelerator (has_tma is False)")
+
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
         """The statement that declares `name` of `dtype` and loads `matrices` 8x8 matrices into it from the row
         addresses in local memory that the warp's threads give (`Ops.LDMATRIX`); only for a dialect with
@@ -491,6 +497,9 @@ class CStyleLanguage(Renderer):
                 line(self.render_async_copy(r[src[0]], r[src[1]], valid, u.arg * src[1].dtype.base.itemsize))
             elif op is Ops.ASYNC_WAIT:
                 line(self.render_async_wait(int(u.arg or 0)))
+            elif op in (Ops.MBARRIER_INIT, Ops.MBARRIER_EXPECT, Ops.MBARRIER_WAIT, Ops.TMA_LOAD):
+                for text in self.render_tma(u, [r.get(s, "") for s in src]):
+                    line(text)
             elif op is Ops.LDMATRIX:
                 r[u] = fresh("frag")
                 line(self.render_ldmatrix(r[u], u.dtype, r[src[0]], *u.arg))

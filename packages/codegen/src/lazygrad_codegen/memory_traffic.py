@@ -24,7 +24,9 @@ from lazygrad_uop.uop import UOp, sint
 
 def _gate(u: UOp) -> UOp | None:
     """The condition under which a global read reads anything: a LOAD's gate or its INDEX's valid, an ASYNC_COPY's
-    source INDEX's valid."""
+    source INDEX's valid, a TMA_LOAD's gate (the one thread that starts it)."""
+    if u.op is Ops.TMA_LOAD:
+        return u.src[3]
     if u.op is Ops.LOAD:
         return u.src[2] if len(u.src) == 3 else (u.src[0].src[2] if len(u.src[0].src) == 3 else None)
     return u.src[1].src[2] if len(u.src[1].src) == 3 else None
@@ -45,16 +47,19 @@ def _access(u: UOp) -> tuple[UOp, UOp | None, int, int] | None:
 
 
 def _reads(u: UOp) -> int:
-    """Bytes one thread's execution of global read `u` asks for (0 when `u` does not read global memory)."""
+    """Bytes one thread's execution of global read `u` asks for (0 when `u` does not read global memory): a
+    TMA_LOAD's whole box."""
+    if u.op is Ops.TMA_LOAD:
+        return u.arg.box_bytes
     access = None if u.op is Ops.STORE else _access(u)
     return 0 if access is None else access[2]
 
 
 def global_load_bytes(uops: Sequence[UOp], global_size: Sequence[sint], local_size: Sequence[int]) -> int:
-    """Bytes the loads (and asynchronous copies) of the linear program `uops` fetch from global memory when launched
-    as `global_size` workgroups of `local_size` threads. A read whose gate depends only on the loops around it (the
-    last step of a pipeline fetches nothing) is counted in the iterations where the gate holds; any other gated read
-    counts as made. ValueError when a loop's trip count or a launch size is symbolic."""
+    """Bytes the loads (asynchronous copies, TMA boxes) of the linear program `uops` fetch from global memory when
+    launched as `global_size` workgroups of `local_size` threads. A read whose gate depends only on the loops around
+    it (the last step of a pipeline fetches nothing) is counted in the iterations where the gate holds; any other
+    gated read counts as made. ValueError when a loop's trip count or a launch size is symbolic."""
     if not all(isinstance(s, int) for s in (*global_size, *local_size)):
         raise ValueError(f"launch sizes must be ints to count the loads, got {global_size} x {local_size}")
     threads = math.prod(global_size) * math.prod(local_size)  # type: ignore[arg-type]

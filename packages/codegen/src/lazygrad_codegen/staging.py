@@ -33,14 +33,18 @@ outermost, so a thread's register tile for one step of the reduction is one cont
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from lazygrad_codegen.kernel import REDUCE_TYPES, AxisType, KernelOptError
 from lazygrad_codegen.tensor_cores import layouts
 from lazygrad_codegen.vectors import gep, memory_widths, vectorize
-from lazygrad_uop.device import SharedMatrix
+from lazygrad_uop.device import TMA_MAX_BOX, TMA_MAX_RANK, SharedMatrix, TensorMap
 from lazygrad_uop.dtype import dtypes
 from lazygrad_uop.ops import Ops
 from lazygrad_uop.uop import UOp, sint
@@ -68,6 +72,12 @@ that divides the tile's K extent (a 64-element step of fp16 fills 128-byte rows)
 SHARED_ALIGN_SLACK = 1024
 """Bytes of local memory a kernel on a core that reads it itself may lose to aligning its buffers' start to the
 swizzle's 1024-byte pattern (the CUDA renderer rounds the start of its shared memory up)."""
+
+
+TMA_BOX_SHAPES = 64
+"""Box shapes `tma_plan` tries for one operand, fewest boxes first, before it leaves the operand to cp.async."""
+MBARRIER_BYTES = 8
+"""Local memory of one barrier that counts the tensor memory accelerator's bytes (`MBARRIER_INIT`)."""
 
 
 @dataclass(frozen=True)
@@ -523,6 +533,154 @@ def asynchronous_copies(k: Kernel, operands: list[StagedOperand], stages: int) -
     )
 
 
+@dataclass(frozen=True)
+class TmaPlan:
+    """How the tensor memory accelerator copies one operand's tile (`tma_plan`): the operand as a `TensorMap`, each
+    of its dims as the kernel axes it spans (innermost first: the tile's axes, then those the workgroup or the
+    reduction step pick; (axis, size) each), and the boxes that make up the tile: (where the box starts in the slot,
+    in elements, unswizzled; its start along each dim within the tile). `tile`: the tile's axes among them."""
+
+    tmap: TensorMap
+    dims: tuple[tuple[tuple[int, int], ...], ...]
+    boxes: tuple[tuple[int, tuple[int, ...]], ...]
+    tile: frozenset[int]
+
+
+def tma_plan(k: Kernel, o: StagedOperand) -> TmaPlan | None:
+    """The tensor memory accelerator's copy of the staged operand `o` of a core that reads local memory itself
+    (`o.shared`), or None where it can't make one, and the operand's threads copy it (`ASYNC_COPY`).
+
+    The operand must be a plain strided tensor: one view of int strides, no mask (its boxes read no padding), no
+    two axes at one stride, each dim's stride past the extent of those inside it (a convolution's overlapping
+    windows are not). Its axes, innermost stride first, form the map's dims: runs of axes each of whose stride
+    is the one before times that one's size, and in each run the tile's own axes before those the workgroup and the
+    reduction step choose (a new dim starts where a tile axis follows one of those, or would make the dim's part of
+    the tile more than one box holds); at most `TMA_MAX_RANK` dims. The boxes land row-major, which must put every
+    element of the tile where `SharedTile` does, as checked element by element: of the box shapes that cut each
+    dim's tile part evenly (at most the swizzle's row along the innermost dim, `TMA_MAX_BOX` along the others), the
+    one of the fewest boxes that does."""
+    shared = o.shared
+    if shared is None:
+        return None
+    st = k.views[o.load.src[1]].simplify()
+    if len(st.views) != 1 or st.views[0].mask is not None:
+        return None
+    view = st.views[0]
+    shape = [s if isinstance(s, int) else None for s in k.full_shape]
+    strides = view.strides
+    if not isinstance(view.offset, int) or not all(isinstance(s, int) for s in strides):
+        return None
+    axes = [a for a in range(k.rank) if strides[a] != 0 and shape[a] != 1]
+    if any(shape[a] is None or strides[a] < 0 for a in axes):  # type: ignore[operator]
+        return None
+    axes.sort(key=lambda a: strides[a])
+    if len({strides[a] for a in axes}) != len(axes) or not axes or strides[axes[0]] != 1:
+        return None
+    tile = {a for a in o.copy_order if shape[a] != 1}
+    if not tile <= set(axes):
+        return None
+    dims: list[list[tuple[int, int]]] = []
+    for a in axes:
+        size = int(shape[a])  # type: ignore[arg-type]
+        if dims:
+            last, last_size = dims[-1][-1]
+            # a tile axis joins the dim only while the dim's part of the tile fits one box (one swizzled row along
+            # the innermost dim): boxes cut a dim only along its innermost axis
+            fits = a not in tile or (
+                last in tile
+                and size * math.prod(n for b, n in dims[-1] if b in tile)
+                <= (shared.row if len(dims) == 1 else TMA_MAX_BOX)
+            )
+            if strides[a] == strides[last] * last_size and fits:
+                dims[-1].append((a, size))
+                continue
+        dims.append([(a, size)])
+    if len(dims) > TMA_MAX_RANK:
+        return None
+    # a dim's stride spans the dims inside it (the driver's layouts: no two coordinates address one element)
+    spans = [strides[d[0][0]] * math.prod(n for _, n in d) for d in dims]
+    if any(strides[d[0][0]] < span for d, span in zip(dims[1:], spans, strict=False)):
+        return None
+    extent = [math.prod(n for a, n in d if a in tile) for d in dims]
+    full = tuple(math.prod(n for _, n in d) for d in dims)
+    # every element of the tile, by its coordinate along each dim, and where SharedTile puts it
+    grid = np.indices([int(k.full_shape[a]) for a in o.copy_order]).reshape(len(o.copy_order), -1)
+    coords = dict(zip(o.copy_order, grid, strict=True))
+    along, want = _along(dims, tile, coords), shared.offset(coords)  # type: ignore[arg-type]
+    ones = dict.fromkeys(o.copy_order, 0)  # a tile axis of size 1
+    # boxes of a dim's whole tile part where they fit (the innermost dim's one swizzled row wide), else of less: the
+    # fewest boxes whose rows land where SharedTile puts them
+    caps = [shared.row, *[TMA_MAX_BOX] * (len(dims) - 1)]
+    options = [[b for b in range(min(e, c), 0, -1) if e % b == 0] for e, c in zip(extent, caps, strict=True)]
+    shapes = sorted(itertools.product(*options), key=lambda box: math.prod(e // b for e, b in zip(extent, box)))
+    for box in shapes[:TMA_BOX_SHAPES]:
+        try:
+            tmap = TensorMap(
+                o.load.dtype,
+                int(view.offset),
+                full,
+                tuple(int(strides[d[0][0]]) for d in dims),
+                box,
+                shared.row * shared.itemsize,
+            )
+        except ValueError:
+            continue
+        counts = [e // b for e, b in zip(extent, box, strict=True)]
+        origins = [tuple(i * b for i, b in zip(j, box, strict=True)) for j in np.ndindex(*counts)]
+        starts = np.array([shared.offset({**ones, **_tile_coords(dims, tile, origin)}) for origin in origins])
+        # each element's box (`origins`' order: row-major over `counts`, dim 0 slowest) and place in it (row-major,
+        # dim 0 fastest)
+        which, position, place = 0, 0, 1
+        for c, b, n in zip(along, box, counts, strict=True):
+            which = which * n + c // b
+            position, place = position + (c % b) * place, place * b
+        if not np.array_equal(starts[which] + position, want):
+            continue
+        # a box's rows are swizzled by their shared address: each starts where the swizzle's pattern of 8 rows does
+        if any(int(start) * shared.itemsize % (8 * tmap.swizzle or 16) for start in starts):
+            continue
+        boxes = tuple((int(start), origin) for start, origin in zip(starts, origins, strict=True))
+        return TmaPlan(tmap, tuple(tuple(d) for d in dims), boxes, frozenset(tile))
+    return None
+
+
+def _along(dims: Sequence[Sequence[tuple[int, int]]], tile: set[int], coords: dict[int, Any]) -> list[Any]:
+    """The coordinate along each dim of a `TmaPlan` of the tile element at the tile axes' `coords`."""
+    out = []
+    for d in dims:
+        c, place = 0, 1
+        for a, n in d:
+            if a in tile:
+                c, place = c + coords[a] * place, place * n
+        out.append(c)
+    return out
+
+
+def _tile_coords(dims: Sequence[Sequence[tuple[int, int]]], tile: set[int], along: tuple[int, ...]) -> dict[int, int]:
+    """The tile axes' coordinates of the tile element at `along` (one per dim of a `TmaPlan`)."""
+    out = {}
+    for d, c in zip(dims, along, strict=True):
+        for a, n in d:
+            if a in tile:
+                out[a], c = c % n, c // n
+    return out
+
+
+def tma_plans(k: Kernel, operands: list[StagedOperand]) -> dict[UOp, TmaPlan]:
+    """Each staged operand's `TmaPlan` (by its load), where the tensor memory accelerator copies them all: `WGMMA`
+    set to 2, a renderer that has it (`has_tma`), a core that reads local memory itself and a pipeline of
+    asynchronous copies (`asynchronous_copies`), and a plan for every operand; else none (the threads copy)."""
+    from lazygrad_uop.config import WGMMA
+
+    tc = k.tensor_core
+    if WGMMA.value != 2 or not k.renderer.has_tma or tc is None or not tc.shared_operands or not k.staged:
+        return {}
+    if not asynchronous_copies(k, operands, k.stages):
+        return {}
+    plans = {o.load: tma_plan(k, o) for o in operands}
+    return {} if any(p is None for p in plans.values()) else plans  # type: ignore[return-value]
+
+
 def in_flight(k: Kernel, operands: list[StagedOperand] | None = None) -> int:
     """Groups of WGMMAs a staged kernel on a core that reads local memory itself leaves running at the end of each
     step (0 or 1): one with three or more stages of asynchronous copies, so that the tensor cores never wait for the
@@ -567,7 +725,11 @@ def apply_stage(k: Kernel, stages: int | None = None) -> None:
         )
     need = sum(o.bytes for o in operands)
     if k.tensor_core is not None and k.tensor_core.shared_operands:
+        from lazygrad_uop.config import WGMMA
+
         need += SHARED_ALIGN_SLACK
+        if WGMMA.value == 2 and r.has_tma:
+            need += MBARRIER_BYTES * MAX_STAGES  # the barriers the tensor memory accelerator's copies count on
     if need > r.shared_max:
         raise KernelOptError(
             f"staging needs {need} bytes of local memory, over the renderer's shared_max {r.shared_max}"
@@ -606,6 +768,7 @@ class Stager:
         self.operands = {o.load: o for o in plan(k)}
         # groups of tensor-core instructions left running at the end of a step (`in_flight`)
         self.running = in_flight(k, list(self.operands.values()))
+        self.tma = tma_plans(k, list(self.operands.values()))
         self.buffers: dict[UOp, UOp] = {}
         # what the reads of local memory follow: the barrier after the copies, or (pipelined) the copies of a later
         # step that they overlap
@@ -711,6 +874,8 @@ class Stager:
             self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
         reduce_axes = k.axes(AxisType.REDUCE)
         here = {a: lw.idx[a] for a in reduce_axes}
+        if self.tma:
+            return self._build_tma()
         if not asynchronous_copies(k, list(self.operands.values()), k.stages):
             return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
         sizes = [int(k.full_shape[a]) for a in reduce_axes]
@@ -718,15 +883,7 @@ class Stager:
         # before is still being read at the barrier: copies go one step less ahead, into the slot of step - 2
         steps, ahead = math.prod(sizes), k.stages - 1 - self.running
 
-        def indices(step: UOp | int) -> dict[int, UOp]:
-            # the reduce indices of `step` in the row-major order of the reduce loops
-            place, out = 1, {}
-            for a, size in zip(reversed(reduce_axes), reversed(sizes), strict=True):
-                i = (step // place) % size
-                out[a] = UOp.const(dtypes.int32, i) if isinstance(i, int) else i
-                place *= size
-            return out
-
+        indices = self._indices
         # before the loop: steps 0 .. ahead-1, each closed as a group by a wait that lets it stay in flight
         started: list[UOp] = []
         for j in range(ahead):
@@ -737,6 +894,70 @@ class Stager:
         nxt = lw._flat(reduce_axes) + ahead
         started = self._copies(indices(nxt), nxt, True, (nxt < steps, landed))
         return UOp(Ops.NOOP, dtypes.void, tuple(started))
+
+    def _indices(self, step: UOp | int) -> dict[int, UOp]:
+        """The reduce indices of reduction step `step`, in the row-major order of the reduce loops."""
+        place, out = 1, {}
+        for a in reversed(self.k.axes(AxisType.REDUCE)):
+            size = int(self.k.full_shape[a])
+            i = (step // place) % size
+            out[a] = UOp.const(dtypes.int32, i) if isinstance(i, int) else i
+            place *= size
+        return out
+
+    def _build_tma(self) -> UOp:
+        """`_build` where the tensor memory accelerator copies every operand (`tma_plans`): a barrier per stage
+        (`MBARRIER_INIT`, by the workgroup's first thread, before everything); the first thread starts each step's
+        copies, one `TMA_LOAD` per box, after announcing their bytes on the step's barrier (`MBARRIER_EXPECT`); every
+        thread waits on it (`MBARRIER_WAIT`, the parity of the slot's use: step // stages), then one BARRIER, after
+        which the next copies start. The pipeline is `_build`'s: copies `stages - 1` steps ahead (one less with
+        instructions left running, `in_flight`), into the slot whose last readers the BARRIER has waited for."""
+        k, lw = self.k, self.lw
+        stages, zero = k.stages, UOp.const(dtypes.int32, 0)
+        bars = UOp(Ops.DEFINE_LOCAL, dtypes.uint64.ptr(stages, local=True), arg="mbar")
+        tid, _ = self._thread()
+        leader = tid < 1
+
+        def barrier(step: UOp | int) -> UOp:
+            slot = step % stages
+            return UOp(Ops.INDEX, bars.dtype, (bars, slot if isinstance(slot, UOp) else UOp.const(dtypes.int32, slot)))
+
+        inits = [UOp(Ops.MBARRIER_INIT, dtypes.void, (barrier(s), leader), arg=1) for s in range(stages)]
+        ready = UOp(Ops.BARRIER, dtypes.void, tuple(inits))
+        nbytes = sum(len(p.boxes) * p.tmap.box_bytes for p in self.tma.values())
+
+        def copies(step: UOp | int, gate: UOp, after: UOp) -> list[UOp]:
+            expect = UOp(Ops.MBARRIER_EXPECT, dtypes.void, (barrier(step), gate, after), arg=nbytes)
+            out, at = [expect], self._indices(step)
+            for load, p in self.tma.items():
+                o, buf = self.operands[load], self.buffers[load]
+                base = self._slot_offset(o, step if isinstance(step, UOp) else UOp.const(dtypes.int32, step))
+                for start, origin in p.boxes:
+                    coords = []
+                    for d, first in zip(p.dims, origin, strict=True):
+                        c, place = UOp.const(dtypes.int32, first), 1
+                        for a, n in d:
+                            if a not in p.tile:
+                                i = at[a] if a in at else lw.idx.get(a, zero)
+                                c = c + (i if i.dtype == dtypes.int32 else i.cast(dtypes.int32)) * place
+                            place *= n
+                        coords.append(c)
+                    dst = UOp(Ops.INDEX, buf.dtype, (buf, base + start))
+                    src = (dst, load.src[0], barrier(step), gate, *coords, expect)
+                    out.append(UOp(Ops.TMA_LOAD, dtypes.void, src, arg=p.tmap))
+            return out
+
+        steps = math.prod(int(k.full_shape[a]) for a in k.axes(AxisType.REDUCE))
+        ahead = stages - 1 - self.running
+        started: list[UOp] = []
+        for j in range(ahead):
+            started += copies(j, leader & UOp.const(dtypes.bool, j < steps), ready)
+        step = lw._flat(k.axes(AxisType.REDUCE))
+        parity = (step // stages) % 2
+        wait = UOp(Ops.MBARRIER_WAIT, dtypes.void, (barrier(step), parity, *started, *lw.reduce_ranges))
+        landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
+        nxt = step + ahead
+        return UOp(Ops.NOOP, dtypes.void, tuple(copies(nxt, leader & (nxt < steps), landed)))
 
     def origin(self, load: UOp, coord: dict[int, int]) -> UOp:
         """Where the instruction of the register lanes `coord` (UPCAST and UNROLL axes) finds its part of operand

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lazygrad_uop.lazy_exports import lazy_exports
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"
 
 __all__, __getattr__ = lazy_exports(
     __name__,

@@ -4,6 +4,10 @@ A kernel is compiled for the GPU's own architecture: to a cubin (machine code th
 the architecture, else to PTX for the newest virtual architecture NVRTC knows below it, which the driver compiles when
 it loads the module. `cuda_fp16.h` and `cuda_bf16.h` come from the CUDA runtime headers (the `nvidia-cuda-runtime`
 package, or a toolkit named by CUDA_HOME / CUDA_PATH). Binaries are cached on disk by `Compiler.compile_cached`.
+
+What a kernel needs at launch beyond its arguments travels in its binary as module `__constant__`s the runtime reads
+without the driver: its dynamic shared memory (`dynamic_shared`) and the TMA tensor maps it takes as parameters
+(`tensor_maps`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lazygrad_cuda.renderer import DYNAMIC_SHARED_SYMBOL
+from lazygrad_cuda.renderer import DYNAMIC_SHARED_SYMBOL, TENSOR_MAP_WORDS, TENSOR_MAPS_SYMBOL
 from lazygrad_uop.config import DEBUG
-from lazygrad_uop.device import CompileError, Compiler
+from lazygrad_uop.device import TMA_MAX_RANK, CompileError, Compiler
 
 
 class NVRTCError(RuntimeError):
@@ -200,12 +204,85 @@ def dynamic_shared(lib: bytes) -> int:
     if lib[:4] != b"\x7fELF":
         m = re.search(rb"\.const\s+\.align\s+\d+\s+\.u32\s+" + DYNAMIC_SHARED_SYMBOL.encode() + rb"\s*=\s*(\d+);", lib)
         return int(m.group(1)) if m else 0
-    return _elf_u32(lib, DYNAMIC_SHARED_SYMBOL.encode()) or 0
+    data = _elf_symbol(lib, DYNAMIC_SHARED_SYMBOL.encode())
+    return struct.unpack("<I", data)[0] if data is not None and len(data) == 4 else 0
 
 
-def _elf_u32(elf: bytes, name: bytes) -> int | None:
-    """The 32-bit little-endian value the symbol `name` of a 64-bit ELF file (a cubin) points at in its section, or
-    None when it has no such symbol (or it points outside its section)."""
+TENSOR_MAP_SWIZZLES = (0, 32, 64, 128)
+"""The shared-memory swizzles a tensor map may have, in bytes (0: none)."""
+
+
+@dataclass(frozen=True)
+class TensorMapArg:
+    """One TMA tensor map a kernel takes as a parameter (after its buffers and ints), as its binary describes it: a
+    `rank`-dimensional view of buffer argument `buffer` starting `offset` bytes in, of elements of the driver's
+    `CUtensorMapDataType` `dtype`, with sizes `dims` (innermost first) and the byte strides `strides` of dims 1 to
+    rank-1, copied in boxes of `box` elements, swizzled in shared memory in `swizzle`-byte rows (0: not swizzled)."""
+
+    buffer: int
+    dtype: int
+    swizzle: int
+    offset: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        """The number of dimensions (1 to `TMA_MAX_RANK`)."""
+        return len(self.dims)
+
+
+def tensor_maps(lib: bytes) -> tuple[TensorMapArg, ...]:
+    """The tensor maps the kernel of `lib` (a cubin or NUL-terminated PTX from `NVRTCCompiler`) takes, in parameter
+    order: the module's `__constant__` `TENSOR_MAPS_SYMBOL` (the renderer's `tensor_map_table`), `{n, <map 0's
+    TENSOR_MAP_WORDS words>, ...}`, each map's words being its buffer argument, `CUtensorMapDataType`, rank, swizzle
+    bytes, byte offset, then `TMA_MAX_RANK` each of dims (1 past the rank), byte strides (the first the element size,
+    0 past the rank) and box extents (1 past the rank). () when there is none. ValueError when the table is malformed
+    (its count does not match its size, a rank outside 1 to `TMA_MAX_RANK`, a swizzle not in `TENSOR_MAP_SWIZZLES`):
+    a renderer bug, as the kernel can't be launched right."""
+    name = TENSOR_MAPS_SYMBOL.encode()
+    if lib[:4] == b"\x7fELF":
+        data = _elf_symbol(lib, name)
+        if data is None:
+            return ()
+    else:
+        # NVRTC writes a u64 array as bytes, the trailing zero ones left out (all of them when all are zero)
+        m = re.search(rb"\.const\s+\.align\s+\d+\s+\.b8\s+" + name + rb"\[(\d+)\]\s*(?:=\s*\{([\d,\s]*)\})?\s*;", lib)
+        if m is None:
+            return ()
+        data = bytes(int(b) for b in m.group(2).split(b",")) if m.group(2) else b""
+        data = data.ljust(int(m.group(1)), b"\0")
+    count = struct.unpack_from("<Q", data)[0] if len(data) >= 8 else None
+    if count is None or len(data) != 8 * (1 + TENSOR_MAP_WORDS * count):
+        raise ValueError(
+            f"the kernel's {TENSOR_MAPS_SYMBOL} is {len(data)} bytes, not the count (8 bytes) and "
+            f"{TENSOR_MAP_WORDS} 8-byte words per map that its count ({count}) asks for: the renderer wrote a "
+            "malformed tensor map table"
+        )
+    words = struct.unpack_from(f"<{TENSOR_MAP_WORDS * count}Q", data, 8)
+    return tuple(_tensor_map(i, words[TENSOR_MAP_WORDS * i : TENSOR_MAP_WORDS * (i + 1)]) for i in range(count))
+
+
+def _tensor_map(i: int, w: tuple[int, ...]) -> TensorMapArg:
+    """Map `i` of a tensor map table, from its `TENSOR_MAP_WORDS` words."""
+    buffer, dtype, rank, swizzle, offset = w[:5]
+    if not 1 <= rank <= TMA_MAX_RANK:
+        raise ValueError(
+            f"tensor map {i} of the kernel's {TENSOR_MAPS_SYMBOL} has rank {rank}; TMA takes 1 to {TMA_MAX_RANK} dims"
+        )
+    if swizzle not in TENSOR_MAP_SWIZZLES:
+        raise ValueError(
+            f"tensor map {i} of the kernel's {TENSOR_MAPS_SYMBOL} swizzles {swizzle} bytes; TMA swizzles "
+            f"{', '.join(map(str, TENSOR_MAP_SWIZZLES))} bytes"
+        )
+    dims, strides, box = (w[5 + TMA_MAX_RANK * k : 5 + TMA_MAX_RANK * k + rank] for k in range(3))
+    return TensorMapArg(buffer, dtype, swizzle, offset, tuple(dims), tuple(strides[1:]), tuple(box))
+
+
+def _elf_symbol(elf: bytes, name: bytes) -> bytes | None:
+    """The bytes the symbol `name` of a 64-bit little-endian ELF file (a cubin) covers in its section, or None when
+    it has no such symbol (or it reaches outside its section)."""
     if elf[4:6] != b"\x02\x01":  # ELFCLASS64, little-endian: what NVRTC writes
         return None
     (shoff,) = struct.unpack_from("<Q", elf, 0x28)
@@ -219,12 +296,12 @@ def _elf_u32(elf: bytes, name: bytes) -> int | None:
         for at in range(offset, offset + size, 24):
             st_name, st_shndx, st_value, st_size = struct.unpack_from("<I2xHQQ", elf, at)
             end = elf.index(b"\0", strtab + st_name)
-            if elf[strtab + st_name : end] != name or st_size != 4 or not 0 < st_shndx < shnum:
+            if elf[strtab + st_name : end] != name or not 0 < st_shndx < shnum:
                 continue
             _, data, data_size, _ = sections[st_shndx]
-            if st_value + 4 > data_size:
+            if st_value + st_size > data_size:
                 return None
-            return struct.unpack_from("<I", elf, data + st_value)[0]
+            return elf[data + st_value : data + st_value + st_size]
     return None
 
 

@@ -128,9 +128,10 @@ def _check_launch(device: CompiledDevice, i: int, launch: KernelLaunch) -> None:
 
 
 def _node_params(launch: KernelLaunch) -> tuple[driver.CUDA_KERNEL_NODE_PARAMS, KernelArgs]:
-    """The kernel-node parameters of `launch`, and the argument memory they point to (keep it until they are used)."""
+    """The kernel-node parameters of `launch`, and the argument memory they point to (keep it until they are used):
+    its tensor maps are encoded over this launch's buffers, so a node whose buffers change gets maps of the new ones."""
     assert isinstance(launch.program, CUDAProgram)
-    args = KernelArgs(launch.bufs, launch.vals)
+    args = KernelArgs(launch.bufs, launch.vals, launch.program.tensor_maps, launch.program.name)
     params = driver.CUDA_KERNEL_NODE_PARAMS()
     params.func = launch.program.function
     params.gridDimX, params.gridDimY, params.gridDimZ = launch_dims(launch.global_size)

@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from lazygrad_codegen.cstyle import GPU_TYPE_NAMES, CStyleLanguage, Workgroup
 from lazygrad_codegen.vectors import register_array
-from lazygrad_uop.device import TensorCore
+from lazygrad_uop.device import TMA_MAX_RANK, TensorCore, TensorMap
 from lazygrad_uop.dtype import DType, PtrDType, dtypes
 from lazygrad_uop.ops import GroupOp, Ops
 from lazygrad_uop.uop import UOp
@@ -81,6 +81,16 @@ STATIC_SHARED_MAX = 48 * 1024
 OPT_IN_SHARED_MAX = {70: 96, 72: 96, 75: 64, 80: 163, 86: 99, 87: 163, 89: 99, 90: 227, 100: 227, 120: 99}
 # the module-scope `__constant__` that holds a kernel's dynamic shared memory bytes
 DYNAMIC_SHARED_SYMBOL = "lg_dynamic_shared_bytes"
+TENSOR_MAPS_SYMBOL = "lg_tensor_maps"
+"""The `__constant__` table of a kernel's tensor maps (`tensor_map_table`), which `CUDAProgram` reads to encode them
+at each launch (`compiler.tensor_maps`)."""
+TENSOR_MAP_WORDS = 20
+"""64-bit words per map in the table: buffer, data type, rank, swizzle bytes, offset bytes, then 5 each of dims,
+strides in bytes (the innermost's the element size) and box extents."""
+MBARRIER_WAIT_TRIES = 1 << 26
+"""Tries of `mbarrier.try_wait` (each may suspend the thread a while) after which a kernel traps, a launch error
+the host raises, instead of waiting forever on a phase that can't complete."""
+_TENSOR_MAP_TYPE = """struct __align__(64) lg_tensor_map { unsigned long long v[16]; };"""
 # every local buffer starts 16 bytes into the dynamic array, as `__align__(16)` places the static ones
 _SHARED_ALIGN = 16
 # a WGMMA kernel's shared buffers start where the 128-byte swizzle's pattern of 8 lines does
@@ -278,6 +288,8 @@ class CUDARenderer(CStyleLanguage):
         self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
         # ldmatrix exists from Turing (sm_75) on
         self.has_ldmatrix = int(re.sub(r"\D", "", arch)) >= 75
+        # the tensor memory accelerator feeds the wgmma of sm_90 (`WGMMA=2`)
+        self.has_tma = _compute_capability(arch) == WGMMA_ARCH
         if compute_units is not None:
             self.compute_units = compute_units
 
@@ -516,10 +528,57 @@ class CUDARenderer(CStyleLanguage):
     def render_kernel(self, name: str, body: list[str], params: list[tuple[str, DType]], uops: list[UOp]) -> str:
         """The kernel, ending, where it starts asynchronous copies, with a wait for all of them: a pipeline's last
         steps start copies (zero fills past the end) that no step waits for, and they must land before the block
-        exits and its shared memory goes to the next block."""
+        exits and its shared memory goes to the next block. A kernel with tensor maps takes them after its other
+        parameters, as `__grid_constant__` structs the host encodes at each launch."""
         if any(u.op is Ops.ASYNC_COPY for u in uops):
             body = [*body, '  asm volatile("cp.async.wait_all;" ::: "memory");']
-        return super().render_kernel(name, body, params, uops)
+        maps = tensor_maps_of(uops)
+        self.extra_params = tuple(f"const __grid_constant__ lg_tensor_map tmap{i}" for i in range(len(maps)))
+        try:
+            return super().render_kernel(name, body, params, uops)
+        finally:
+            self.extra_params = ()
+
+    def render_tma(self, u: UOp, srcs: list[str]) -> list[str]:
+        """PTX of the tensor memory accelerator's ops, each run by the threads whose gate holds: `mbarrier.init`
+        (then `fence.mbarrier_init`, so that the copies' completions see it), `mbarrier.arrive.expect_tx`,
+        `cp.async.bulk.tensor` of one box from the kernel's tensor-map parameter, counted on the barrier, and a loop
+        of `mbarrier.try_wait.parity` that every thread runs (trapping after `MBARRIER_WAIT_TRIES`)."""
+
+        def shared(x: str) -> str:
+            return f'"r"((unsigned)__cvta_generic_to_shared({x}))'
+
+        if u.op is Ops.MBARRIER_INIT:
+            init = f'asm volatile("mbarrier.init.shared::cta.b64 [%0], {int(u.arg)};" :: {shared(srcs[0])} : "memory");'
+            fence = 'asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");'
+            return [f"if ({srcs[1]}) {{ {init} {fence} }}"]
+        if u.op is Ops.MBARRIER_EXPECT:
+            text = f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], {int(u.arg)};"
+            return [f'if ({srcs[1]}) asm volatile("{text}" :: {shared(srcs[0])} : "memory");']
+        if u.op is Ops.MBARRIER_WAIT:
+            text = (
+                "{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}"
+            )
+            # a phase that never completes is a bug (bytes announced that no copy brings): trap rather than hang
+            return [
+                f'{{ unsigned lg_done, lg_tries = 0; do {{ asm volatile("{text}" : "=r"(lg_done) : '
+                f'{shared(srcs[0])}, "r"({srcs[1]}) : "memory"); if (++lg_tries == {MBARRIER_WAIT_TRIES}u) __trap(); '
+                "} while (!lg_done); }"
+            ]
+        tmap: TensorMap = u.arg
+        rank = len(tmap.dims)
+        which = tensor_maps_of_key(u)
+        coords = ", ".join(f"%{i + 2}" for i in range(rank))
+        text = (
+            f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+            f"[%0], [%1, {{{coords}}}], [%{rank + 2}];"
+        )
+        operands = ", ".join(
+            [shared(srcs[0]), f'"l"((unsigned long long)&tmap{self._maps[which]})']
+            + [f'"r"({c})' for c in srcs[4 : 4 + rank]]
+            + [shared(srcs[2])]
+        )
+        return [f'if ({srcs[3]}) asm volatile("{text}" :: {operands} : "memory");']
 
     def render_ldmatrix(self, name: str, dtype: DType, address: str, matrices: int, trans: bool) -> str:
         """`ldmatrix.sync.aligned.m8n8` of `matrices` 8x8 matrices of 16-bit elements (`.trans` when asked) into
@@ -575,6 +634,12 @@ class CUDARenderer(CStyleLanguage):
         out: list[str] = []
         if dynamic := dynamic_shared_bytes(uops):
             out.append(f"__constant__ unsigned int {DYNAMIC_SHARED_SYMBOL} = {dynamic};")
+        if table := tensor_map_table(uops):
+            words = ", ".join(str(w) for w in table)
+            out += [
+                _TENSOR_MAP_TYPE,
+                f"__constant__ unsigned long long {TENSOR_MAPS_SYMBOL}[{len(table)}] = {{{words}}};",
+            ]
         if dtypes.float16 in scalars:
             out.append("#include <cuda_fp16.h>")
         if dtypes.bfloat16 in scalars:
@@ -602,23 +667,29 @@ class CUDARenderer(CStyleLanguage):
         desc = [_WGMMA_DESC] if any(u.op is Ops.WGMMA for u in uops) else []
         return super().render_helpers(uops) + desc + threefry
 
-    # whether the program being rendered has WGMMAs (set by `render` for its own duration)
+    # whether the program being rendered has WGMMAs, whether its barriers fence the generic proxy's writes of shared
+    # memory for them, and the number of each of its tensor maps (set by `render` for its own duration)
     _wgmma: bool = False
+    _proxy_fence: bool = False
+    _maps: dict[tuple[int, TensorMap], int] = {}  # noqa: RUF012
 
     def render(self, uops: list[UOp]) -> str:
         """CUDA C of `uops`; a kernel with WGMMAs gets its shared memory 1024-byte aligned (the swizzle's pattern
-        repeats every 1024 bytes of address) and each barrier after a `fence.proxy.async` (the wgmma's reads of
-        shared memory are of the async proxy, the copies that filled it of the generic one)."""
+        repeats every 1024 bytes of address) and, unless the tensor memory accelerator fills it, each barrier after a
+        `fence.proxy.async` (the wgmma's reads of shared memory are of the async proxy, the copies that filled it of
+        the generic one; TMA's are of the async proxy too, and its barrier orders them)."""
         self._wgmma = any(u.op is Ops.WGMMA for u in uops)
+        self._maps = {key: i for i, key in enumerate(tensor_maps_of(uops))}
+        self._proxy_fence = self._wgmma and not self._maps
         try:
             return super().render(uops)
         finally:
-            self._wgmma = False
+            self._wgmma, self._proxy_fence, self._maps = False, False, {}
 
     def render_barrier(self) -> str:
-        """`__syncthreads()`; in a kernel with WGMMAs after `fence.proxy.async.shared::cta`, which orders this
-        thread's writes of shared memory (its copies, landed) before the wgmma's reads of them."""
-        if self._wgmma:
+        """`__syncthreads()`; in a kernel with WGMMAs fed by the threads' copies after `fence.proxy.async.shared::cta`,
+        which orders this thread's writes of shared memory (its copies, landed) before the wgmma's reads of them."""
+        if self._proxy_fence:
             return f'asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); {self.barrier}'
         return self.barrier
 
@@ -647,6 +718,40 @@ def dynamic_shared_bytes(uops: Sequence[UOp]) -> int:
         return _shared_layout(buffers, WGMMA_SHARED_ALIGN)[1] + WGMMA_SHARED_ALIGN
     total = _shared_layout(buffers)[1]
     return total if total > STATIC_SHARED_MAX else 0
+
+
+def tensor_maps_of_key(u: UOp) -> tuple[int, TensorMap]:
+    """What tells a `TMA_LOAD`'s tensor map apart from a kernel's others: its buffer's slot and the map."""
+    return (int(u.src[1].arg), u.arg)
+
+
+def tensor_maps_of(uops: Sequence[UOp]) -> list[tuple[int, TensorMap]]:
+    """The distinct tensor maps the `TMA_LOAD`s of `uops` read (`tensor_maps_of_key`), in the order of their first
+    use: the kernel's tensor-map parameters `tmap0`, `tmap1`, ... in that order."""
+    return list(dict.fromkeys(tensor_maps_of_key(u) for u in uops if u.op is Ops.TMA_LOAD))
+
+
+def tensor_map_table(uops: Sequence[UOp]) -> list[int]:
+    """The words of the kernel's `TENSOR_MAPS_SYMBOL` table: the number of maps, then `TENSOR_MAP_WORDS` per map
+    (`tensor_maps_of`'s order): the index of its buffer among the kernel's buffer parameters, the driver's data type
+    (`CUtensorMapDataType`: an unsigned int of the element's size, which copies the bits), rank, swizzle bytes, offset
+    bytes, and 5 each of dims, strides in bytes and box extents (innermost first, 1, 0 and 1 past the rank). Empty
+    for a kernel without maps."""
+    maps = tensor_maps_of(uops)
+    if not maps:
+        return []
+    slots = [int(u.arg) for u in uops if u.op is Ops.DEFINE_GLOBAL]
+    out = [len(maps)]
+    for slot, m in maps:
+        item, pad = m.dtype.itemsize, TMA_MAX_RANK - len(m.dims)
+        strides = [s * item for s in m.strides]
+        out += [slots.index(slot), _TENSOR_MAP_DATA_TYPES[item], len(m.dims), m.swizzle, m.offset * item]
+        out += [*m.dims, *[1] * pad, *strides, *[0] * pad, *m.box, *[1] * pad]
+    return out
+
+
+# the driver's CUtensorMapDataType by element size: UINT8, UINT16, UINT32, UINT64 (a copy moves bits; zeros fill)
+_TENSOR_MAP_DATA_TYPES = {1: 0, 2: 1, 4: 2, 8: 4}
 
 
 def _as_tuples(x: object) -> object:
