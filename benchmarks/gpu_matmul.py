@@ -11,7 +11,7 @@ tiles), last, each result checked against torch, and then the matmuls with `WGMM
 tensor memory accelerator). Without an NVIDIA GPU the script says so and measures nothing. `benchmarks/gpu.py`
 prints these rows too (not the WGMMA ones).
 
-    python benchmarks/gpu_matmul.py [--runs 5] [--no-beam] [--beam-timeout 120] [--no-wgmma]
+    python benchmarks/gpu_matmul.py [--runs 5] [--no-beam] [--beam-timeout 120] [--no-wgmma] [--beam-wgmma 2]
 """
 
 from __future__ import annotations
@@ -183,9 +183,10 @@ def conv_rows(torch, runs: int, batch: int = 64, dtype=dtypes.float16) -> list[R
     ]
 
 
-def beam_rows(torch, runs: int, timeout_s: float, wgmma: bool = False) -> list[Row]:
+def beam_rows(torch, runs: int, timeout_s: float, wgmma: int = 0) -> list[Row]:
     """A BEAM=2 search of the fp16 4096^3 matmul from an empty cache: the kernel it finds, and its search time; with
-    `wgmma`, under `WGMMA=1` (its candidates include the wgmma tiles, each checked against the default's result)."""
+    `wgmma`, under `WGMMA=wgmma` (its candidates include the wgmma tiles, each checked against the default's result;
+    2: fed by TMA)."""
     rng = np.random.default_rng(2)
     n = 4096
     a_np, b_np = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
@@ -195,7 +196,7 @@ def beam_rows(torch, runs: int, timeout_s: float, wgmma: bool = False) -> list[R
 
     print(f"BEAM=2 search of the fp16 {n}^3 matmul (budget {timeout_s:.0f} s)...", flush=True)
     search.SEARCHES.clear()
-    with Context(BEAM=2, BEAM_TIMEOUT=timeout_s, CACHELEVEL=0, WGMMA=int(wgmma)):
+    with Context(BEAM=2, BEAM_TIMEOUT=timeout_s, CACHELEVEL=0, WGMMA=wgmma):
         st = time.perf_counter()
         items = [lower_schedule_item(si) for si in (a @ b).schedule()]
         searched = time.perf_counter() - st
@@ -217,7 +218,7 @@ def beam_rows(torch, runs: int, timeout_s: float, wgmma: bool = False) -> list[R
         f"BEAM=2 search of the fp16 {n}^3 matmul: {searched:.1f} s, {end} (budget {timeout_s:.0f} s, target <= 60 s)",
         flush=True,
     )
-    name = f"matmul float16 {n}^3 BEAM=2{' WGMMA=1' if wgmma else ''}"
+    name = f"matmul float16 {n}^3 BEAM=2{f' WGMMA={wgmma}' if wgmma else ''}"
     return [(name, t_lg, t_ref, 2 * n**3 / 1e12, "TFLOPS", TARGETS["matmul BEAM"])]
 
 
@@ -250,6 +251,9 @@ def main() -> None:
     parser.add_argument("--no-beam", action="store_true", help="skip the BEAM search")
     parser.add_argument("--beam-timeout", type=float, default=120.0, help="BEAM_TIMEOUT for the search (s)")
     parser.add_argument("--no-wgmma", action="store_true", help="skip the WGMMA=1 and WGMMA=2 rows (sm_90)")
+    parser.add_argument(
+        "--beam-wgmma", type=int, choices=(1, 2), default=1, help="the WGMMA setting of the second search (sm_90)"
+    )
     args = parser.parse_args()
     if (why := Device.usable("CUDA")) is not None:
         print(f"benchmarks/gpu_matmul.py: no GPU was available to measure on: {why}")
@@ -262,7 +266,7 @@ def main() -> None:
     if not args.no_wgmma:
         rows += wgmma_rows(torch, args.runs)
         if not args.no_beam and Device["CUDA"].arch == "sm_90":
-            rows += beam_rows(torch, args.runs, args.beam_timeout, wgmma=True)
+            rows += beam_rows(torch, args.runs, args.beam_timeout, wgmma=args.beam_wgmma)
         # the tensor memory accelerator's copies last: a kernel that traps ends the run's use of the GPU
         rows += wgmma_rows(torch, args.runs, level=2)
     print_rows(rows)

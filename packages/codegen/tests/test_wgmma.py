@@ -102,6 +102,12 @@ TILES = [
     ((1, 64, 128, 48), 64, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.STAGE, None, 1)]),
     # a 32-element step: 64-byte rows
     ((1, 64, 64, 96), 64, [Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.STAGE, None, 2)]),
+    # 256 x 128: two warpgroups of two 64 x 128 tiles each (the last of tiling.WGMMA_TILES)
+    (
+        (1, 256, 128, 128),
+        128,
+        [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.STAGE, None, 4)],
+    ),
 ]
 """(shape, the core's N, opts after TC) of tiles and pipelines that every way of copying the operands runs."""
 

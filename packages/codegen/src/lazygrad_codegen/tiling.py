@@ -418,12 +418,14 @@ def _cost(k: Kernel, work: float) -> tuple[float, float]:
     return round(math.log((1 / e["M"] + 1 / e["N"]) * work, 1.05)), 1 / e["K"]
 
 
-WGMMA_TILES = ((256, 2, 1), (128, 2, 1), (128, 1, 2), (256, 1, 1), (128, 1, 1), (64, 2, 1), (64, 1, 1))
+WGMMA_TILES = ((256, 2, 1), (128, 2, 1), (128, 1, 2), (256, 1, 1), (128, 1, 1), (64, 2, 1), (64, 1, 1), (128, 2, 2))
 """Tiles on a tensor core that reads its operands from shared memory (wgmma, `WGMMA=1`), the default first: (the
 instruction's N, warpgroups along M, 64-row tiles per warpgroup along M). The default, 128 x 256 outputs per
 workgroup from two warpgroups of 64 x 256, is the shape the vendor's Hopper kernels use for large fp16 matmuls; 128
 accumulators per thread, 184 registers and no spills on sm_90a; with 4 stages each step's instructions run on into
-the next (`staging.in_flight`). Not yet timed on a GPU."""
+the next (`staging.in_flight`). The last, 256 x 128 from two warpgroups of two 64 x 128 tiles (the same registers),
+the other shape the vendor's kernels use, comes after the smaller tiles that fit wherever it does: for BEAM. Not yet
+timed on a GPU."""
 WGMMA_K = (4, 2)
 """UNROLL of the K step on wgmma tiles: 64 elements a step (fp16 rows of 128 bytes, the widest swizzle), or 32."""
 
