@@ -121,12 +121,13 @@ def cuda_like_gpu() -> Iterator[str]:
 @pytest.fixture
 def hopper_gpu() -> Iterator[str]:
     """The PYTHON device rendering for a GPU like CUDA's sm_90: its mma.sync and wgmma tensor cores, asynchronous
-    copies, ldmatrix, an H100's shared memory and CUDA's register budget, restored afterwards."""
+    copies, ldmatrix, the tensor memory accelerator, an H100's shared memory and CUDA's register budget, restored
+    afterwards."""
     from lazygrad_python.device import GPUTarget
 
     cores = pytest.importorskip("lazygrad_cuda.tensor_cores").TENSOR_CORES["sm_90"]
     target = GPUTarget(
-        name="HOPPER", tensor_cores=cores, warp_size=32, async_copy=True, ldmatrix=True, shared_max=232448
+        name="HOPPER", tensor_cores=cores, warp_size=32, async_copy=True, ldmatrix=True, tma=True, shared_max=232448
     )
     with _rendering_for(target) as device:
         Device[device].renderer.max_upcast = 512

@@ -153,13 +153,14 @@ def test_tf32_passes_on_an_emulated_tensor_core_gpu_match_torch(cuda_like_gpu) -
     assert wmma and all(_sixteen_byte_copies(sp) for sp in wmma)
 
 
-def test_passes_on_wgmma_match_torch(hopper_gpu) -> None:
+@pytest.mark.parametrize("level", [1, 2])
+def test_passes_on_wgmma_match_torch(hopper_gpu, level: int) -> None:
     # WGMMA=1 on an emulated sm_90: the channels-last forward (its 64-pixel rows the instruction's M), input gradient
     # (the same kernel) and weight gradient of a 64-channel 3x3 layer take wgmma tiles, each operand copied 16 bytes
-    # at a time along the channels, and match torch
+    # at a time along the channels, and match torch; WGMMA=2 the same (the windows overlap: no tensor map for TMA)
     from lazygrad import engine
 
-    with Context(WGMMA=1):
+    with Context(WGMMA=level):
         conv_passes_match_torch((1, 64, 2, 64), (64, 64, 3, 3), 1, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
     wgmma = [r.spec for r in engine._runners.values() if Ops.WGMMA in [u.op for u in r.spec.uops]]
     assert len(wgmma) == 2 and all(_sixteen_byte_copies(sp) for sp in wgmma)
