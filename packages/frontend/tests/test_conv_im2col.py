@@ -282,3 +282,14 @@ def test_which_forwards_come_from_windows() -> None:
     assert not _stores_windows(
         Tensor.empty(2, 3, 15, 15, device="PYTHON").conv2d(Tensor.empty(8, 3, 1, 1, device="PYTHON")), 2 * 15 * 15 * 3
     )
+
+
+def test_passes_on_tma_match_torch(hopper_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    # WGMMA=2 on an emulated sm_90: the window matrix and the kernel are plain stored matrices (rows of 576 halves),
+    # which the tensor memory accelerator copies into the wgmma tiles of the product
+    monkeypatch.setattr(functional, "IM2COL_CHANNELS", 16)
+    with Context(WGMMA=2):
+        conv_passes_match_torch((1, 64, 8, 8), (64, 64, 3, 3), 1, dtype=dtypes.float16, tol=2e-2, device="PYTHON")
+    from lazygrad import engine
+
+    assert any(Ops.TMA_LOAD in [u.op for u in r.spec.uops] for r in engine._runners.values())
