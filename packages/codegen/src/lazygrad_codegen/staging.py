@@ -873,26 +873,24 @@ class Stager:
         for n, (load, o) in enumerate(self.operands.items()):
             self.buffers[load] = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(o.slot * o.slots, local=True), arg=f"stage{n}")
         reduce_axes = k.axes(AxisType.REDUCE)
-        here = {a: lw.idx[a] for a in reduce_axes}
-        if self.tma:
-            return self._build_tma()
-        if not asynchronous_copies(k, list(self.operands.values()), k.stages):
+        if not self.tma and not asynchronous_copies(k, list(self.operands.values()), k.stages):
+            here = {a: lw.idx[a] for a in reduce_axes}
             return UOp(Ops.BARRIER, dtypes.void, tuple(self._copies(here, None, False)))
-        sizes = [int(k.full_shape[a]) for a in reduce_axes]
         # with a step's tensor-core instructions left running into the next (`in_flight`), the slot of the step
         # before is still being read at the barrier: copies go one step less ahead, into the slot of step - 2
-        steps, ahead = math.prod(sizes), k.stages - 1 - self.running
-
-        indices = self._indices
+        steps = math.prod(int(k.full_shape[a]) for a in reduce_axes)
+        ahead = k.stages - 1 - self.running
+        if self.tma:
+            return self._build_tma(steps, ahead)
         # before the loop: steps 0 .. ahead-1, each closed as a group by a wait that lets it stay in flight
         started: list[UOp] = []
         for j in range(ahead):
             gate = (UOp.const(dtypes.bool, j < steps), UOp(Ops.ASYNC_WAIT, dtypes.void, tuple(started), arg=ahead - 1))
-            started = self._copies(indices(j), UOp.const(dtypes.int32, j), True, gate if j else ())
+            started = self._copies(self._indices(j), UOp.const(dtypes.int32, j), True, gate if j else ())
         wait = UOp(Ops.ASYNC_WAIT, dtypes.void, (*started, *lw.reduce_ranges), arg=ahead - 1 or None)
         landed = UOp(Ops.BARRIER, dtypes.void, (wait,))
         nxt = lw._flat(reduce_axes) + ahead
-        started = self._copies(indices(nxt), nxt, True, (nxt < steps, landed))
+        started = self._copies(self._indices(nxt), nxt, True, (nxt < steps, landed))
         return UOp(Ops.NOOP, dtypes.void, tuple(started))
 
     def _indices(self, step: UOp | int) -> dict[int, UOp]:
@@ -905,13 +903,13 @@ class Stager:
             place *= size
         return out
 
-    def _build_tma(self) -> UOp:
+    def _build_tma(self, steps: int, ahead: int) -> UOp:
         """`_build` where the tensor memory accelerator copies every operand (`tma_plans`): a barrier per stage
         (`MBARRIER_INIT`, by the workgroup's first thread, before everything); the first thread starts each step's
         copies, one `TMA_LOAD` per box, after announcing their bytes on the step's barrier (`MBARRIER_EXPECT`); every
         thread waits on it (`MBARRIER_WAIT`, the parity of the slot's use: step // stages), then one BARRIER, after
-        which the next copies start. The pipeline is `_build`'s: copies `stages - 1` steps ahead (one less with
-        instructions left running, `in_flight`), into the slot whose last readers the BARRIER has waited for."""
+        which the next copies start. The pipeline is `_build`'s, over `steps` reduction steps: copies `ahead` steps
+        ahead, into the slot whose last readers the BARRIER has waited for."""
         k, lw = self.k, self.lw
         stages, zero = k.stages, UOp.const(dtypes.int32, 0)
         bars = UOp(Ops.DEFINE_LOCAL, dtypes.uint64.ptr(stages, local=True), arg="mbar")
@@ -947,8 +945,6 @@ class Stager:
                     out.append(UOp(Ops.TMA_LOAD, dtypes.void, src, arg=p.tmap))
             return out
 
-        steps = math.prod(int(k.full_shape[a]) for a in k.axes(AxisType.REDUCE))
-        ahead = stages - 1 - self.running
         started: list[UOp] = []
         for j in range(ahead):
             started += copies(j, leader & UOp.const(dtypes.bool, j < steps), ready)

@@ -285,11 +285,11 @@ class CUDARenderer(CStyleLanguage):
         self.tensor_cores = ()
         self.add_tensor_cores(tensor_cores)
         # cp.async exists from Ampere (sm_80) on
-        self.has_async_copy = int(re.sub(r"\D", "", arch)) >= 80
+        self.has_async_copy = cc >= 80
         # ldmatrix exists from Turing (sm_75) on
-        self.has_ldmatrix = int(re.sub(r"\D", "", arch)) >= 75
+        self.has_ldmatrix = cc >= 75
         # the tensor memory accelerator feeds the wgmma of sm_90 (`WGMMA=2`)
-        self.has_tma = _compute_capability(arch) == WGMMA_ARCH
+        self.has_tma = cc == WGMMA_ARCH
         if compute_units is not None:
             self.compute_units = compute_units
 
@@ -532,8 +532,8 @@ class CUDARenderer(CStyleLanguage):
         parameters, as `__grid_constant__` structs the host encodes at each launch."""
         if any(u.op is Ops.ASYNC_COPY for u in uops):
             body = [*body, '  asm volatile("cp.async.wait_all;" ::: "memory");']
-        maps = tensor_maps_of(uops)
-        self.extra_params = tuple(f"const __grid_constant__ lg_tensor_map tmap{i}" for i in range(len(maps)))
+        # (`render` numbered the maps)
+        self.extra_params = tuple(f"const __grid_constant__ lg_tensor_map tmap{i}" for i in range(len(self._maps)))
         try:
             return super().render_kernel(name, body, params, uops)
         finally:
